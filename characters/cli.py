@@ -1,0 +1,79 @@
+"""The `characters` command: presets, demo, bench (and serve, from deployments/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from characters.config import MODEL_PRESETS, TOPOLOGIES, session_config
+
+
+def _presets(_: argparse.Namespace) -> int:
+    from characters.flops import chunk_cost
+
+    print(f"{'preset':<9} {'params':>8} {'resolution':>10} {'tok/chunk':>9} {'keys':>6} {'steps':>5} "
+          f"{'TFLOP/chunk':>11} {'topology':>8} {'ranks':>5} {'TFLOP/rank':>10}")
+    for name, model in MODEL_PRESETS.items():
+        g = model.generation
+        steps = f"{g.denoising_steps}" + ("+1" if g.cache_update == "extra_pass" else "")
+        for topo in TOPOLOGIES:
+            try:
+                cfg = session_config(name, topo)
+            except ValueError as err:
+                print(f"{name:<9} {'':>8} {'':>10} {'':>9} {'':>6} {'':>5} {'':>11} {topo:>8}  n/a: {err}")
+                continue
+            c = chunk_cost(cfg)
+            print(f"{name:<9} {c.params / 1e9:>7.3f}B {g.width:>5}x{g.height:<4} {c.tokens_per_chunk:>9} "
+                  f"{c.cache_tokens:>6} {steps:>5} {c.flops_per_chunk / 1e12:>11.3f} {topo:>8} "
+                  f"{cfg.topology.dit_ranks:>5} {c.flops_per_chunk_per_rank / 1e12:>10.3f}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from characters.demo import run_demo
+    from characters.media import MediaError
+
+    overrides = {"generation": {"cache_mode": args.cache_mode}} if args.cache_mode else {}
+    cfg = session_config(args.preset, "cpu" if args.device == "cpu" else "gpu1", seed=args.seed,
+                         dtype="float32" if args.device == "cpu" else "bfloat16", model=overrides)
+    try:
+        report = run_demo(cfg, out=args.out, image=args.image, audio=args.audio, seconds=args.seconds,
+                          realtime=args.realtime, device=args.device)
+    except (MediaError, FileNotFoundError) as err:
+        print(f"characters demo: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=1))
+    if args.realtime:
+        print(f"delivered {report.delivered_fps:.2f} fps, {report.late_chunks} late chunks of {report.chunks}, "
+              f"step p50 {report.step_ms_p50:.1f} ms (budget {1000 * cfg.model.generation.frames_per_chunk / 24:.1f})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="characters", description="Real-time video characters.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("presets", help="print each preset's size, resolution, tokens and FLOPs per chunk").set_defaults(
+        func=_presets)
+    d = sub.add_parser("demo", help="run one session in this process and write an MP4 with audio")
+    d.add_argument("--image", help="reference image (PNG/JPEG/...); default: the bundled sample face")
+    d.add_argument("--audio", help="speech audio (WAV/MP3/...); default: the bundled sample speech")
+    d.add_argument("--seconds", type=float, default=10.0, help="length of video to generate (default 10)")
+    d.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS))
+    d.add_argument("--realtime", action="store_true", help="pace chunks at 24 fps and report late chunks")
+    d.add_argument("--out", default="out.mp4", help="output MP4 path (default out.mp4)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    d.add_argument("--cache-mode", choices=["write_time", "naive"], default=None)
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

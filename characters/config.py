@@ -1,0 +1,349 @@
+"""Typed, frozen configuration: one config per component, composed into `SessionConfig`.
+
+Dimension names used in shape comments across the package (defined once, here):
+
+    B   batch (always 1 in serving: sessions are one-on-one)
+    C   latent channels                     Cf  latent frames per chunk
+    F   video frames (F = Cf * temporal_factor per chunk)
+    h,w latent height / width               H,W image height / width
+    N   tokens per latent frame             T   tokens per chunk (Cf * N)
+    S   key/value slots in the cache        D   model dim; Dh head dim; Hh heads
+    A   audio tokens per latent frame       Fa  audio frames (video frames + context)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DiTConfig(_Frozen):
+    """The audio-conditioned video diffusion transformer."""
+
+    num_layers: int = Field(description="Number of transformer blocks.", ge=1)
+    dim: int = Field(description="Model width D.", ge=8)
+    num_heads: int = Field(description="Attention heads Hh; dim must divide evenly.", ge=1)
+    ffn_dim: int = Field(description="Hidden width of the MLP.", ge=8)
+    latent_channels: int = Field(description="Channels C of the VAE latent (DiT in and out).", ge=1)
+    patch_size: tuple[int, int] = Field(default=(2, 2), description="Spatial patch (ph, pw); temporal patch is 1.")
+    freq_dim: int = Field(default=256, description="Sinusoidal timestep embedding width.", ge=2)
+    audio_dim: int = Field(description="Width of the audio encoder's per-frame features.", ge=1)
+    cross_dim: int = Field(description="Width of the audio context after the audio embedding MLP (K/V input).", ge=1)
+    rope_theta: float = Field(default=10000.0, description="RoPE base.", gt=0)
+    eps: float = Field(default=1e-6, description="Norm epsilon.", gt=0)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def rope_split(self) -> tuple[int, int, int]:
+        """Head-dim channels given to the (time, height, width) RoPE axes (Wan's split)."""
+        d = self.head_dim
+        hw = 2 * (d // 6)
+        return d - 2 * hw, hw, hw
+
+    @model_validator(mode="after")
+    def _check(self) -> DiTConfig:
+        if self.dim % self.num_heads:
+            raise ValueError(
+                f"dit.dim={self.dim} is not divisible by dit.num_heads={self.num_heads}; "
+                "choose num_heads that divides dim"
+            )
+        if any(x % 2 for x in self.rope_split):
+            raise ValueError(
+                f"dit head_dim={self.head_dim} splits into RoPE axes {self.rope_split}, which must all be even; "
+                "use a head_dim that is a multiple of 12 or 16"
+            )
+        return self
+
+
+class VAEConfig(_Frozen):
+    """Reference-image encoder and causal streaming decoder."""
+
+    latent_channels: int = Field(description="Latent channels C.", ge=1)
+    spatial_factor: Literal[8] = Field(default=8, description="Spatial down-sampling of the latent.")
+    temporal_factor: Literal[4] = Field(default=4, description="Video frames per latent frame.")
+    base_channels: int = Field(description="Decoder channels at full resolution times the first multiplier.", ge=1)
+    channel_mult: tuple[int, ...] = Field(description="Per-stage channel multipliers, lowest resolution last.")
+    num_res_blocks: int = Field(default=2, description="Residual blocks per decoder stage.", ge=0)
+    encoder_base_channels: int = Field(description="Encoder channels at full resolution.", ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> VAEConfig:
+        if len(self.channel_mult) != 4:
+            raise ValueError(
+                f"vae.channel_mult={self.channel_mult} must have 4 stages (8x spatial = 3 up-samplings); "
+                "give four multipliers such as (1, 2, 4, 4)"
+            )
+        return self
+
+
+class AudioConfig(_Frozen):
+    """16 kHz PCM -> one feature vector per video frame."""
+
+    sample_rate: Literal[16000] = Field(default=16000, description="PCM rate the engine consumes (Hz).")
+    window_samples: int = Field(default=1024, description="Analysis window ending at each video frame's end.", ge=64)
+    n_fft: int = Field(default=256, description="Sub-frame FFT size inside the window.", ge=16)
+    hop: int = Field(default=128, description="Sub-frame hop inside the window.", ge=1)
+    n_bands: int = Field(default=32, description="Log-power bands per sub-frame.", ge=1)
+    context_frames: int = Field(default=4, description="Past video frames each latent frame also hears.", ge=0)
+
+    @property
+    def sub_frames(self) -> int:
+        return 1 + (self.window_samples - self.n_fft) // self.hop
+
+    @model_validator(mode="after")
+    def _check(self) -> AudioConfig:
+        if self.n_fft > self.window_samples:
+            raise ValueError(
+                f"audio.n_fft={self.n_fft} exceeds audio.window_samples={self.window_samples}; "
+                "lower n_fft or widen the window"
+            )
+        return self
+
+
+class GenerationConfig(_Frozen):
+    """Resolution, chunking, context and sampling of the autoregressive loop."""
+
+    height: int = Field(description="Output height H in pixels.", ge=8)
+    width: int = Field(description="Output width W in pixels.", ge=8)
+    fps: Literal[24] = Field(default=24, description="Video frame rate.")
+    latent_frames_per_chunk: int = Field(default=1, description="Latent frames Cf generated per step.", ge=1)
+    window_latent_frames: int = Field(default=3, description="Past latent frames kept in the rolling window.", ge=0)
+    denoising_steps: int = Field(default=1, description="Denoising forwards per chunk.", ge=1)
+    cache_update: Literal["last_step", "extra_pass"] = Field(
+        default="last_step",
+        description="Which forward's K/V stay in the cache: the last denoising step's, or one extra forward "
+        "over the clean chunk at t=0.",
+    )
+    timestep_shift: float = Field(default=5.0, description="Flow-matching sigma shift of the step schedule.", gt=0)
+    cache_mode: Literal["write_time", "naive"] = Field(
+        default="write_time",
+        description="write_time: norm/RoPE/cast/layout applied once when K/V enter the cache. naive: raw K/V "
+        "kept and the whole cache re-processed in every attention call (for measurement and equivalence).",
+    )
+
+    @property
+    def frames_per_chunk(self) -> int:
+        return self.latent_frames_per_chunk * 4
+
+    @property
+    def ring_slots(self) -> int:
+        """Chunk-sized cache slots in the ring: the window plus the chunk being generated."""
+        return self.window_latent_frames // self.latent_frames_per_chunk + 1
+
+    @property
+    def forwards_per_chunk(self) -> int:
+        return self.denoising_steps + (1 if self.cache_update == "extra_pass" else 0)
+
+    @model_validator(mode="after")
+    def _check(self) -> GenerationConfig:
+        if self.window_latent_frames % self.latent_frames_per_chunk:
+            raise ValueError(
+                f"generation.window_latent_frames={self.window_latent_frames} must be a multiple of "
+                f"generation.latent_frames_per_chunk={self.latent_frames_per_chunk} (the ring holds whole chunks)"
+            )
+        return self
+
+
+class ModelConfig(_Frozen):
+    """One character model: DiT, VAE, audio encoder and the generation loop."""
+
+    name: str = Field(description="Preset name this model came from (or a custom label).")
+    dit: DiTConfig
+    vae: VAEConfig
+    audio: AudioConfig = AudioConfig()
+    generation: GenerationConfig
+
+    @property
+    def latent_hw(self) -> tuple[int, int]:
+        f = self.vae.spatial_factor
+        return self.generation.height // f, self.generation.width // f
+
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        h, w = self.latent_hw
+        ph, pw = self.dit.patch_size
+        return h // ph, w // pw
+
+    @property
+    def tokens_per_frame(self) -> int:
+        gh, gw = self.token_grid
+        return gh * gw
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return self.tokens_per_frame * self.generation.latent_frames_per_chunk
+
+    @property
+    def cache_tokens(self) -> int:
+        """Key/value slots S: the reference sink plus every ring slot (the current chunk included)."""
+        return self.tokens_per_frame + self.generation.ring_slots * self.tokens_per_chunk
+
+    @property
+    def audio_tokens_per_latent(self) -> int:
+        return self.vae.temporal_factor + self.audio.context_frames
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        f = self.vae.spatial_factor
+        ph, pw = self.dit.patch_size
+        g = self.generation
+        for field, value, mult in (("height", g.height, f * ph), ("width", g.width, f * pw)):
+            if value % mult:
+                raise ValueError(
+                    f"generation.{field}={value} must be a multiple of {mult} "
+                    f"(VAE factor {f} x patch); round it to {value // mult * mult or mult}"
+                )
+        if self.dit.latent_channels != self.vae.latent_channels:
+            raise ValueError(
+                f"dit.latent_channels={self.dit.latent_channels} differs from "
+                f"vae.latent_channels={self.vae.latent_channels}; they must match"
+            )
+        return self
+
+
+class TopologyConfig(_Frozen):
+    """How one session is laid over GPUs: DiT tensor-parallel ranks plus decoder GPUs."""
+
+    name: str = Field(description="Topology name, e.g. h100x5.")
+    dit_ranks: int = Field(description="Tensor-parallel DiT ranks (one GPU each).", ge=1, le=8)
+    decoder_gpus: Literal[0, 1] = Field(
+        description="1: the VAE decoder has its own GPU; 0: it shares DiT rank 0's GPU."
+    )
+    accelerator: str | None = Field(
+        default=None, description="Ray accelerator label to pin sessions to a GPU type (e.g. H100); None: any."
+    )
+    room_cpus: float = Field(default=1.0, description="CPUs reserved for the room worker.", gt=0)
+
+    @property
+    def gpus(self) -> int:
+        return self.dit_ranks + self.decoder_gpus
+
+
+def check_tensor_parallel(dit: DiTConfig, ranks: int) -> None:
+    """Raise a ValueError naming the field when `dit` cannot be split over `ranks` ranks."""
+    if ranks < 1:
+        raise ValueError(f"tensor-parallel ranks={ranks} must be >= 1")
+    for field, value in (("num_heads", dit.num_heads), ("ffn_dim", dit.ffn_dim)):
+        if value % ranks:
+            ok = [r for r in range(1, 9) if dit.num_heads % r == 0 and dit.ffn_dim % r == 0]
+            raise ValueError(
+                f"dit.{field}={value} is not divisible by {ranks} tensor-parallel ranks; "
+                f"this model splits over {ok} ranks"
+            )
+
+
+class SessionConfig(_Frozen):
+    """Everything one session needs; the single source of truth, loadable from YAML."""
+
+    model: ModelConfig
+    topology: TopologyConfig
+    seed: int = Field(default=0, description="Seed for random weights and the session's noise.")
+    dtype: DType = Field(default="float32", description="Compute dtype (bfloat16 on GPUs, float32 on CPUs).")
+    weights: str | None = Field(
+        default=None, description="Directory or .safetensors file of weights; None: the preset's default."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SessionConfig:
+        check_tensor_parallel(self.model.dit, self.topology.dit_ranks)
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SessionConfig:
+        """Load a YAML file: either a full config, or `{preset: NAME, topology: NAME, ...overrides}`."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return session_config(**data) if "preset" in data else cls.model_validate(data)
+
+
+# --------------------------------------------------------------------------------------------- presets
+
+_AUDIO = AudioConfig()
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # The embedded CPU default: real time on 2 cores at 176x272.
+    "tiny": ModelConfig(
+        name="tiny",
+        dit=DiTConfig(num_layers=4, dim=192, num_heads=4, ffn_dim=768, latent_channels=8, audio_dim=128,
+                      cross_dim=192),
+        vae=VAEConfig(latent_channels=8, base_channels=8, channel_mult=(1, 2, 4, 4), num_res_blocks=1,
+                      encoder_base_channels=16),
+        audio=_AUDIO,
+        generation=GenerationConfig(height=176, width=272, latent_frames_per_chunk=1, window_latent_frames=3,
+                                    denoising_steps=2, cache_update="last_step"),
+    ),
+    # Public Wan2.1-T2V-1.3B DiT dimensions; audio replaces text in cross-attention.
+    "wan-1.3b": ModelConfig(
+        name="wan-1.3b",
+        dit=DiTConfig(num_layers=30, dim=1536, num_heads=12, ffn_dim=8960, latent_channels=16, audio_dim=1024,
+                      cross_dim=1536),
+        vae=VAEConfig(latent_channels=16, base_channels=96, channel_mult=(1, 2, 4, 4), num_res_blocks=2,
+                      encoder_base_channels=96),
+        audio=_AUDIO,
+        generation=GenerationConfig(height=480, width=832, latent_frames_per_chunk=3, window_latent_frames=6,
+                                    denoising_steps=4, cache_update="extra_pass"),
+    ),
+    # ~57B parameters: 58 layers, dim 9216, 72 heads of 128, ffn 24576, audio cross-attention.
+    "57b": ModelConfig(
+        name="57b",
+        dit=DiTConfig(num_layers=58, dim=9216, num_heads=72, ffn_dim=24576, latent_channels=16, audio_dim=1024,
+                      cross_dim=1024),
+        vae=VAEConfig(latent_channels=16, base_channels=96, channel_mult=(1, 2, 4, 4), num_res_blocks=2,
+                      encoder_base_channels=96),
+        audio=_AUDIO,
+        generation=GenerationConfig(height=704, width=1088, latent_frames_per_chunk=1, window_latent_frames=3,
+                                    denoising_steps=1, cache_update="last_step"),
+    ),
+}
+
+TOPOLOGIES: dict[str, TopologyConfig] = {
+    "cpu": TopologyConfig(name="cpu", dit_ranks=1, decoder_gpus=0),
+    "gpu1": TopologyConfig(name="gpu1", dit_ranks=1, decoder_gpus=0),
+    "b200x3": TopologyConfig(name="b200x3", dit_ranks=2, decoder_gpus=1, accelerator="B200"),
+    "h100x4": TopologyConfig(name="h100x4", dit_ranks=3, decoder_gpus=1, accelerator="H100"),
+    "h100x5": TopologyConfig(name="h100x5", dit_ranks=4, decoder_gpus=1, accelerator="H100"),
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A model preset by name, with nested overrides, e.g. `generation={"cache_mode": "naive"}`."""
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; choose one of {sorted(MODEL_PRESETS)}")
+    base = MODEL_PRESETS[name]
+    return base if not overrides else ModelConfig.model_validate(_merge(base.model_dump(), overrides))
+
+
+def topology(name: str) -> TopologyConfig:
+    if name not in TOPOLOGIES:
+        raise ValueError(f"topology={name!r} is unknown; choose one of {sorted(TOPOLOGIES)}")
+    return TOPOLOGIES[name]
+
+
+def session_config(preset: str = "tiny", topology: str | dict[str, Any] = "cpu", **fields: Any) -> SessionConfig:
+    """Compose a session config from a preset name, a topology name and optional overrides.
+
+    `model` in `fields` holds nested model overrides (`{"generation": {"cache_mode": "naive"}}`).
+    """
+    model = model_preset(preset, **fields.pop("model", {}))
+    topo = TOPOLOGIES.get(topology) if isinstance(topology, str) else TopologyConfig.model_validate(topology)
+    if topo is None:
+        raise ValueError(f"topology={topology!r} is unknown; choose one of {sorted(TOPOLOGIES)}")
+    return SessionConfig(model=model, topology=topo, **fields)

@@ -1,0 +1,191 @@
+"""The causal, audio-conditioned video diffusion transformer (reference architecture).
+
+Reads top to bottom on one device; `characters.tp.apply_tensor_parallel` splits it afterwards.
+A chunk's tokens self-attend to the KV cache ([reference sink | recent frames | this chunk]), then
+cross-attend, frame by frame, to that frame's audio tokens, then pass an MLP. adaLN modulation
+from the flow-matching timestep scales and shifts both residual branches (Wan2.1's block layout).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from characters.config import ModelConfig
+from characters.kv_cache import KVCache
+from characters.tp import ParallelLinear
+from kernels.qkv_prep import rms_norm_ref, rope_ref
+
+# attend(layer, qkv (B, T, 3, Hh, Dh), q_norm_weight, k_norm_weight) -> (B, Hh, T, Dh)
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of flow-matching time t in [0, 1] (scaled to [0, 1000]). (B,) -> (B, dim)"""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    ang = (t.float() * 1000.0)[:, None] * freqs  # (B, dim/2)
+    return torch.cat([ang.cos(), ang.sin()], dim=1)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.qkv = ParallelLinear(dim, 3 * dim, "column", groups=3)
+        self.q_norm = nn.Parameter(torch.ones(self.head_dim))
+        self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+        self.o = ParallelLinear(dim, dim, "row")
+
+    def forward(self, x: torch.Tensor, layer: int, attend: AttendFn) -> torch.Tensor:
+        b, t, _ = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim)  # (B, T, 3, Hh, Dh)
+        out = attend(layer, qkv, self.q_norm, self.k_norm)  # (B, Hh, T, Dh)
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
+
+
+class AudioCrossAttention(nn.Module):
+    """Each latent frame's tokens attend to that frame's audio tokens only."""
+
+    def __init__(self, dim: int, cross_dim: int, num_heads: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.eps = num_heads, dim // num_heads, eps
+        self.q = ParallelLinear(dim, dim, "column")
+        self.kv = ParallelLinear(cross_dim, 2 * dim, "column", groups=2)
+        self.q_norm = nn.Parameter(torch.ones(self.head_dim))
+        self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+        self.o = ParallelLinear(dim, dim, "row")
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        nf, a = ctx.shape[1], ctx.shape[2]
+        hh, dh = self.num_heads, self.head_dim
+        q = rms_norm_ref(self.q(x).view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
+        kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
+        k = rms_norm_ref(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
+        out = F.scaled_dot_product_attention(q.to(x.dtype).transpose(1, 2), k.to(x.dtype).transpose(1, 2),
+                                             kv[:, :, 1].transpose(1, 2))  # (B*nF, Hh, N, Dh)
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.dit
+        self.norm1 = nn.LayerNorm(d.dim, eps=d.eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(d.dim, d.num_heads)
+        self.norm3 = nn.LayerNorm(d.dim, eps=d.eps)
+        self.cross_attn = AudioCrossAttention(d.dim, d.cross_dim, d.num_heads, d.eps)
+        self.norm2 = nn.LayerNorm(d.dim, eps=d.eps, elementwise_affine=False)
+        self.fc1 = ParallelLinear(d.dim, d.ffn_dim, "column")
+        self.fc2 = ParallelLinear(d.ffn_dim, d.dim, "row")
+        self.modulation = nn.Parameter(torch.zeros(1, 1, 6, d.dim))
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor, ctx: torch.Tensor, layer: int,
+                attend: AttendFn) -> torch.Tensor:
+        # x (B, T, D); e (B, 1 or T, 6, D); ctx (B, nF, A, Dc)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (self.modulation + e).unbind(2)  # each (B, L, D)
+        h = self.norm1(x) * (1 + scale_a) + shift_a
+        x = x + gate_a * self.self_attn(h, layer, attend)
+        x = x + self.cross_attn(self.norm3(x), ctx)
+        h = self.norm2(x) * (1 + scale_m) + shift_m
+        return x + gate_m * self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+
+
+class CausalDiT(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dit
+        ph, pw = d.patch_size
+        self.patch_embed = nn.Linear(d.latent_channels * ph * pw, d.dim)
+        self.time_embed = nn.Sequential(nn.Linear(d.freq_dim, d.dim), nn.SiLU(), nn.Linear(d.dim, d.dim))
+        self.time_proj = nn.Sequential(nn.SiLU(), nn.Linear(d.dim, 6 * d.dim))
+        self.audio_embed = nn.Sequential(nn.Linear(d.audio_dim, d.cross_dim), nn.GELU(approximate="tanh"),
+                                         nn.Linear(d.cross_dim, d.cross_dim))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(d.num_layers))
+        self.head_norm = nn.LayerNorm(d.dim, eps=d.eps, elementwise_affine=False)
+        self.head_modulation = nn.Parameter(torch.zeros(1, 2, d.dim))
+        self.head = nn.Linear(d.dim, d.latent_channels * ph * pw)
+        self.register_buffer("audio_index", self._audio_index(), persistent=False)  # (Cf, A)
+
+    def _audio_index(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Audio frame index of each latent frame's A tokens within the encoder's Fa frames."""
+        tf, ctx = self.cfg.vae.temporal_factor, self.cfg.audio.context_frames
+        cf = self.cfg.generation.latent_frames_per_chunk
+        return torch.arange(cf, device=device)[:, None] * tf + torch.arange(tf + ctx, device=device)
+
+    def rebuild_buffers(self) -> None:
+        self.audio_index = self._audio_index(self.audio_index.device)
+
+    # ------------------------------------------------------------------ pieces
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, nf, h, w = x.shape
+        ph, pw = self.cfg.dit.patch_size
+        x = x.view(b, c, nf, h // ph, ph, w // pw, pw).permute(0, 2, 3, 5, 1, 4, 6)  # (B, nF, gh, gw, C, ph, pw)
+        return self.patch_embed(x.reshape(b, nf * (h // ph) * (w // pw), c * ph * pw))  # (B, T, D)
+
+    def unpatchify(self, y: torch.Tensor, nf: int) -> torch.Tensor:
+        b = y.shape[0]
+        gh, gw = self.cfg.token_grid
+        ph, pw = self.cfg.dit.patch_size
+        c = self.cfg.dit.latent_channels
+        y = y.view(b, nf, gh, gw, c, ph, pw).permute(0, 4, 1, 2, 5, 3, 6)  # (B, C, nF, gh, ph, gw, pw)
+        return y.reshape(b, c, nf, gh * ph, gw * pw)  # (B, C, nF, h, w)
+
+    def audio_context(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, Fa, audio_dim) encoder features of a chunk -> (B, Cf, A, Dc) per-latent-frame context."""
+        return self.audio_embed(feats[:, self.audio_index])
+
+    def modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """t (B, L) -> e0 (B, L, D) and block modulation e (B, L, 6, D)."""
+        b, ln = t.shape
+        e0 = self.time_embed(timestep_embedding(t.reshape(-1), self.cfg.dit.freq_dim)).view(b, ln, -1)
+        return e0, self.time_proj(e0).view(b, ln, 6, -1)
+
+    def _run(self, tokens: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int,
+             attend: AttendFn) -> torch.Tensor:
+        dtype = tokens.dtype
+        e0, e = self.modulation(t)
+        e0, e = e0.to(dtype), e.to(dtype)
+        for i, block in enumerate(self.blocks):
+            tokens = block(tokens, e, ctx.to(dtype), i, attend)
+        shift, scale = (self.head_modulation + e0[:, :, None, :]).unbind(2)  # (B, L, D) each
+        return self.unpatchify(self.head(self.head_norm(tokens) * (1 + scale) + shift), nf)
+
+    # ------------------------------------------------------------------ entry points
+    def forward(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: KVCache, offset: int, valid: int) -> torch.Tensor:
+        """One forward over a chunk (or the reference frame) with the KV cache.
+
+        x (B, C, nF, h, w) latents at time t (B,); ctx (B, nF, A, Dc) from `audio_context`;
+        rope: (cos, sin) (T, Dh/2). Writes this chunk's K/V at `offset` and attends over
+        cache keys [0, valid). Returns the flow-matching velocity (B, C, nF, h, w).
+        """
+        cos, sin = rope
+
+        def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor:
+            return cache.attend(layer, qkv, qw, kw, cos, sin, offset, valid)
+
+        return self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend)
+
+    def forward_sequence(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Full recomputation without a cache (the equivalence reference; not a serving path).
+
+        x (B, C, nF, h, w) every frame of the history; t (B, T) a timestep per token;
+        ctx (B, nF, A, Dc); cos/sin (T, Dh/2); mask (T, T) bool, True where a query may attend.
+        """
+        eps = self.cfg.dit.eps
+
+        def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor:
+            q = rope_ref(rms_norm_ref(qkv[:, :, 0].float(), qw, eps), cos, sin).to(qkv.dtype)  # (B, T, Hh, Dh)
+            k = rope_ref(rms_norm_ref(qkv[:, :, 1].float(), kw, eps), cos, sin).to(qkv.dtype)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), qkv[:, :, 2].transpose(1, 2),
+                                                  attn_mask=mask)
+
+        return self._run(self.patchify(x), t, ctx, x.shape[2], attend)

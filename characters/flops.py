@@ -1,0 +1,63 @@
+"""Parameter counts and FLOPs per chunk, from the model itself (built on ``meta``) and its config.
+
+FLOPs count a multiply-add as 2. Per forward over T chunk tokens with S cache keys:
+    linear layers    2 * T * (their weights)         (audio K/V: 2 * nF*A * weights)
+    self-attention   4 * T * S * D per layer         (QK^T and PV)
+    cross-attention  4 * T * A * D per layer
+Split layers (ParallelLinear and attention) divide by the tensor-parallel ranks; the rest is
+replicated on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from characters.config import ModelConfig, SessionConfig
+from characters.dit import CausalDiT
+from characters.tp import ParallelLinear
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    params: int
+    params_per_rank: int
+    tokens_per_chunk: int
+    cache_tokens: int
+    forwards_per_chunk: int
+    flops_per_forward: float
+    flops_per_chunk: float
+    flops_per_chunk_per_rank: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def build_meta_dit(cfg: ModelConfig) -> CausalDiT:
+    with torch.device("meta"):
+        return CausalDiT(cfg)
+
+
+def chunk_cost(session: SessionConfig) -> ChunkCost:
+    cfg, ranks = session.model, session.topology.dit_ranks
+    model = build_meta_dit(cfg)
+    d, g = cfg.dit, cfg.generation
+    t, s = cfg.tokens_per_chunk, cfg.cache_tokens
+    audio_tokens = g.latent_frames_per_chunk * cfg.audio_tokens_per_latent
+    split = sum(p.numel() for m in model.modules() if isinstance(m, ParallelLinear)
+                for n, p in m.named_parameters(recurse=False) if n == "weight")
+    total = sum(p.numel() for p in model.parameters())
+    kv_weights = sum(b.cross_attn.kv.weight.numel() for b in model.blocks)  # type: ignore[union-attr]
+    per_token = sum(p.numel() for p in (model.patch_embed.weight, model.head.weight))  # replicated, per token
+    per_vector = sum(p.numel() for p in [*model.time_embed.parameters(), *model.time_proj.parameters()])
+    audio_embed = sum(p.numel() for p in model.audio_embed.parameters())
+    attn = d.num_layers * (4 * t * s * d.dim + 4 * t * cfg.audio_tokens_per_latent * d.dim)
+    split_flops = 2 * t * (split - kv_weights) + 2 * audio_tokens * kv_weights + attn
+    rep_flops = 2 * t * per_token + 2 * per_vector + 2 * audio_tokens * audio_embed
+    per_forward = float(split_flops + rep_flops)
+    per_forward_rank = split_flops / ranks + rep_flops
+    n = g.forwards_per_chunk
+    return ChunkCost(params=total, params_per_rank=(split // ranks) + (total - split), tokens_per_chunk=t,
+                     cache_tokens=s, forwards_per_chunk=n, flops_per_forward=per_forward,
+                     flops_per_chunk=n * per_forward, flops_per_chunk_per_rank=n * per_forward_rank)

@@ -1,0 +1,85 @@
+"""The session's KV cache: preallocated, static shapes, a permanent sink plus a ring of chunk slots.
+
+Layout along the key axis S (per layer, per rank):
+
+    [ reference sink: N tokens | ring slot 0: T tokens | ring slot 1 | ... | ring slot R-1 ]
+
+R = window / Cf + 1. Chunk k writes its K/V into ring slot k mod R and attends to the sink and all
+valid ring slots, i.e. the window of past frames plus itself; the oldest chunk is evicted by being
+overwritten. Attention is order-free once RoPE is applied, so the ring never moves data. Until the
+ring has filled (k < R - 1) only the prefix [sink | slots 0..k] is valid, and attention reads that
+prefix: one static shape per warm-up chunk, then one for the steady state.
+
+Two modes (`GenerationConfig.cache_mode`):
+
+- ``write_time``: Q/K get their norm and RoPE, K/V their dtype and (B, Hh, S, Dh) layout once,
+  when the chunk is written; attention reads the cache as it is.
+- ``naive``: raw projections and their RoPE tables are stored; every attention call re-does norm,
+  RoPE, cast and layout over the whole valid cache. Kept for measurement and equivalence tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from characters.config import ModelConfig
+from kernels.attention import attention
+from kernels.qkv_prep import qkv_prep, rms_norm_ref, rope_ref
+
+
+class KVCache:
+    def __init__(self, cfg: ModelConfig, *, local_heads: int, device: torch.device | str, dtype: torch.dtype,
+                 batch: int = 1, attention_backend: str = "sdpa") -> None:
+        g, d = cfg.generation, cfg.dit
+        self.mode = g.cache_mode
+        self.sink_tokens, self.chunk_tokens, self.ring_slots = cfg.tokens_per_frame, cfg.tokens_per_chunk, g.ring_slots
+        self.eps, self.dtype, self.backend = d.eps, dtype, attention_backend
+        shape_s = (d.num_layers, batch, cfg.cache_tokens)
+        if self.mode == "write_time":
+            self.k = torch.zeros(d.num_layers, batch, local_heads, cfg.cache_tokens, d.head_dim,
+                                 device=device, dtype=dtype)  # (L, B, Hh, S, Dh)
+            self.v = torch.zeros_like(self.k)
+        else:
+            self.k = torch.zeros(*shape_s, local_heads, d.head_dim, device=device)  # (L, B, S, Hh, Dh) raw fp32
+            self.v = torch.zeros_like(self.k)
+            self.cos = torch.zeros(cfg.cache_tokens, d.head_dim // 2, device=device)  # (S, Dh/2)
+            self.sin = torch.zeros_like(self.cos)
+
+    def reset(self) -> None:
+        """Wipe every buffer in place (a returned warm slot keeps nothing of the last session)."""
+        for buf in self._buffers():
+            buf.zero_()
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return [self.k, self.v] + ([self.cos, self.sin] if self.mode == "naive" else [])
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers())
+
+    # ------------------------------------------------------------------ slot arithmetic (host ints)
+    def chunk_offset(self, chunk: int) -> int:
+        return self.sink_tokens + (chunk % self.ring_slots) * self.chunk_tokens
+
+    def chunk_valid(self, chunk: int) -> int:
+        return self.sink_tokens + min(chunk + 1, self.ring_slots) * self.chunk_tokens
+
+    # ------------------------------------------------------------------ the attention call
+    def attend(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, offset: int, valid: int) -> torch.Tensor:
+        """Write this call's K/V at `offset` and attend over keys [0, valid). qkv: (B, T, 3, Hh, Dh).
+        Returns (B, Hh, T, Dh)."""
+        if self.mode == "write_time":
+            kc, vc = self.k[layer], self.v[layer]  # (B, Hh, S, Dh)
+            q = qkv_prep(qkv, q_weight, k_weight, cos, sin, kc, vc, offset, self.eps)  # (B, Hh, T, Dh)
+            return attention(q, kc[:, :, :valid], vc[:, :, :valid], self.backend)
+        t = qkv.shape[1]
+        kr, vr = self.k[layer], self.v[layer]  # (B, S, Hh, Dh) fp32
+        kr[:, offset:offset + t] = qkv[:, :, 1].float()
+        vr[:, offset:offset + t] = qkv[:, :, 2].float()
+        self.cos[offset:offset + t], self.sin[offset:offset + t] = cos, sin
+        q = rope_ref(rms_norm_ref(qkv[:, :, 0].float(), q_weight, self.eps), cos, sin)  # (B, T, Hh, Dh)
+        k = rope_ref(rms_norm_ref(kr[:, :valid], k_weight, self.eps), self.cos[:valid], self.sin[:valid])
+        q = q.to(self.dtype).transpose(1, 2)  # (B, Hh, T, Dh)
+        k = k.to(self.dtype).transpose(1, 2)  # (B, Hh, valid, Dh)
+        v = vr[:, :valid].to(self.dtype).transpose(1, 2)
+        return attention(q, k, v, self.backend)

@@ -1,0 +1,157 @@
+"""Seeded random initialisation and safetensors checkpoints, whole or in per-rank shards.
+
+Initialisation draws every parameter's *logical* (unsplit) tensor from a generator seeded by
+(seed, parameter name) and keeps this rank's slice, so a model is the same function of its seed
+whatever the tensor-parallel split, and memory stays at one parameter's full size at a time.
+
+Checkpoint layout (a directory):
+
+    model.json                       the ModelConfig the weights belong to
+    dit.safetensors                  whole DiT                      (or, split for TP:)
+    dit-rank{r}-of-{n}.safetensors   rank r's share of an n-way split
+    audio.safetensors, vae_encoder.safetensors, vae_decoder.safetensors
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from characters.config import ModelConfig
+from characters.tp import ParallelLinear
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def seeded_build(build: Callable[[], M], seed: int, device: torch.device | str = "cpu") -> M:
+    """Build a replicated module with its own default initialisation, deterministic under `seed`,
+    without touching the process's global random state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = build()
+    return module.to(device)
+
+
+def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    return g
+
+
+def _logical(module: nn.Module, pname: str, param: torch.Tensor) -> tuple[tuple[int, ...], ParallelLinear | None]:
+    if isinstance(module, ParallelLinear) and pname in ("weight", "bias"):
+        return module.full_shape(pname), module  # type: ignore[arg-type]
+    return tuple(param.shape), None
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> nn.Module:
+    """Materialise (from ``meta`` if needed) and initialise every parameter and buffer deterministically.
+
+    Linear weights ~ N(0, 1/fan_in), biases 0, norm weights 1, modulation tables ~ N(0, 1/dim).
+    """
+    was_meta = any(p.is_meta for p in model.parameters())
+    if was_meta:
+        model.to_empty(device=device or "cpu")
+        for module in model.modules():  # to_empty leaves buffers uninitialised
+            if any(True for _ in module.buffers(recurse=False)):
+                _rebuild_buffers(module)
+    elif device is not None:
+        model.to(device)
+    for mname, module in model.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            name = f"{mname}.{pname}" if mname else pname
+            shape, plinear = _logical(module, pname, param)
+            g = _generator(seed, name, param.device)
+            if pname == "bias":
+                full = torch.zeros(shape, device=param.device)
+            elif pname.endswith("norm") or (pname == "weight" and isinstance(module, nn.LayerNorm)):
+                full = torch.ones(shape, device=param.device)
+            elif "modulation" in pname:
+                full = torch.randn(shape, generator=g, device=param.device) / math.sqrt(shape[-1])
+            else:
+                fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+                full = torch.randn(shape, generator=g, device=param.device) / math.sqrt(fan_in)
+            local = plinear.shard_tensor(pname, full) if plinear is not None else full  # type: ignore[arg-type]
+            param.copy_(local)
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
+def _rebuild_buffers(module: nn.Module) -> None:
+    rebuild = getattr(module, "rebuild_buffers", None)
+    if rebuild is None:
+        raise RuntimeError(f"{type(module).__name__} has buffers but no rebuild_buffers(); build it off meta")
+    rebuild()
+
+
+def save_weights(model: nn.Module, path: str | Path) -> None:
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(path))
+
+
+def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> nn.Module:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    device = next(model.parameters()).device
+    state = load_file(str(path), device=str(device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if strict and (missing or unexpected):
+        raise ValueError(f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model
+
+
+def shard_path(directory: str | Path, rank: int, ranks: int) -> Path:
+    return Path(directory) / (f"dit-rank{rank}-of-{ranks}.safetensors" if ranks > 1 else "dit.safetensors")
+
+
+def save_dit_shards(full_model: nn.Module, directory: str | Path, ranks: int) -> list[Path]:
+    """Split a whole (unsharded) DiT's state into `ranks` per-rank safetensors files."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    modules = dict(full_model.named_modules())
+    paths = []
+    for rank in range(ranks):
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in full_model.state_dict().items():
+            mname, _, pname = name.rpartition(".")
+            module = modules.get(mname)
+            if isinstance(module, ParallelLinear) and ranks > 1:
+                saved = module.tp_rank, module.tp_size
+                module.tp_rank, module.tp_size = rank, ranks
+                tensor = module.shard_tensor(pname, tensor)  # type: ignore[arg-type]
+                module.tp_rank, module.tp_size = saved
+            state[name] = tensor.detach().contiguous().cpu()
+        path = shard_path(directory, rank, ranks)
+        save_file(state, str(path))
+        paths.append(path)
+    return paths
+
+
+def save_model_config(cfg: ModelConfig, directory: str | Path) -> None:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    (Path(directory) / "model.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
+
+
+def check_model_config(cfg: ModelConfig, directory: str | Path) -> None:
+    """Refuse weights made for another model shape (names the first differing field)."""
+    path = Path(directory) / "model.json"
+    if not path.is_file():
+        return
+    saved = ModelConfig.model_validate_json(path.read_text())
+    for part in ("dit", "vae", "audio"):
+        a, b = getattr(saved, part).model_dump(), getattr(cfg, part).model_dump()
+        for key in a:
+            if a[key] != b.get(key):
+                raise ValueError(f"weights in {directory} were made for {part}.{key}={a[key]!r}, "
+                                 f"but the config says {b.get(key)!r}; use matching weights or config")

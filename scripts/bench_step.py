@@ -1,0 +1,133 @@
+"""Benchmark: ms per chunk of one DiT rank's step (and the decoder), with the FLOP floor beside it.
+
+    python scripts/bench_step.py --preset tiny --topology cpu                    # CPU, 2 cores
+    python scripts/bench_step.py --preset 57b --topology h100x5 --device cuda    # one rank of TP4
+
+One rank of a tensor-parallel session is built with exactly that rank's shapes and share of the
+weights; the all-reduces are left out (communication excluded), so the time is one rank's compute.
+The floor is the rank's FLOPs per chunk at the bf16 (GPU) or fp32 (CPU) matmul rate measured in the
+same run. Both cache modes (write-time and naive) are timed in one run. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from characters.config import session_config
+from characters.engine import DecoderRunner, DiTRunner
+from characters.flops import chunk_cost
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, iters: int, warmup: int) -> list[float]:  # type: ignore[no-untyped-def]
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    out = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = statistics.median(timed(lambda: a @ b, device, iters=10 if device.type == "cuda" else 5, warmup=3))
+    return 2 * n**3 / (ms / 1e3)
+
+
+def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dict[str, float]:
+    cfg = session_config(args.preset, args.topology, dtype=args.dtype, model={"generation": {"cache_mode": mode}})
+    ranks = cfg.topology.dit_ranks
+    runner = DiTRunner(cfg, device=device, rank=0, ranks=ranks, communicate=False)
+    h, w = cfg.model.latent_hw
+    runner.start(torch.randn(1, cfg.model.dit.latent_channels, h, w, device=device))
+    pcm = np.zeros(runner.frontend.expected_samples, dtype=np.float32)
+    windows = runner.frontend.push(pcm)
+    # fill the ring so every timed chunk attends the full context (steady state)
+    for _ in range(cfg.model.generation.ring_slots):
+        runner.step_windows(windows)
+    times = timed(lambda: runner.step_windows(windows), device, args.iters, args.warmup)
+    return {"ms_p50": statistics.median(times), "ms_min": min(times), "ms_max": max(times)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--topology", default="cpu")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--modes", default="write_time,naive")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-decoder", action="store_true", help="skip the decoder timing")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/step_<preset>_<topology>_<device>.json)")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = session_config(args.preset, args.topology, dtype=args.dtype)
+    cost = chunk_cost(cfg)
+    rate = matmul_rate(device, getattr(torch, args.dtype))
+    floor_ms = cost.flops_per_chunk_per_rank / rate * 1e3
+    rows = {mode: bench_mode(args, mode, device) for mode in args.modes.split(",")}
+    dec_ms = None
+    if not args.no_decoder:
+        dec = DecoderRunner(cfg, device=device)
+        h, w = cfg.model.latent_hw
+        z = torch.randn(1, cfg.model.dit.latent_channels, cfg.model.generation.latent_frames_per_chunk, h, w,
+                        device=device)
+        dec.start()
+        dec_ms = statistics.median(timed(lambda: dec.decode(z), device, args.iters, args.warmup))
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "preset": args.preset, "topology": args.topology, "ranks": cfg.topology.dit_ranks,
+        "communication": "excluded (one rank's share, no all-reduce)",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "threads": torch.get_num_threads(), "dtype": args.dtype, "torch": torch.__version__,
+        "matmul_tflops": rate / 1e12, "flops_per_chunk_per_rank": cost.flops_per_chunk_per_rank,
+        "floor_ms": floor_ms, "modes": rows, "decoder_ms_p50": dec_ms,
+        "chunk_budget_ms": 1000 * cfg.model.generation.frames_per_chunk / 24,
+    }
+    out = Path(args.out or f"benchmarks/step_{args.preset}_{args.topology}_{device.type}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"{args.preset} / {args.topology}: one rank of {cfg.topology.dit_ranks}, {args.dtype}, {result['device']}")
+    print(f"{'mode':<11} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6}")
+    for mode, r in rows.items():
+        print(f"{mode:<11} {r['ms_p50']:>9.2f} {floor_ms:>9.2f} {r['ms_p50'] / floor_ms:>6.2f}")
+    if dec_ms is not None:
+        print(f"{'decoder':<11} {dec_ms:>9.2f}")
+    print(f"budget per chunk {result['chunk_budget_ms']:.1f} ms; matmul rate {rate / 1e12:.2f} TFLOP/s; -> {out}")
+
+
+if __name__ == "__main__":
+    main()
