@@ -232,11 +232,12 @@ def _block_sizes(hh: int, dh: int, block_t: int | None, block_h: int | None) -> 
     if block_h is None:
         cands = [1 << j for j in range(min(rows, next_power_of_2(hh)).bit_length())]  # powers of two <= cap
         block_h = min(cands, key=lambda c: (-(-hh // c) * c, -c))  # least padding, then the largest
+    if block_h < 1 or block_h & (block_h - 1):
+        raise ValueError(f"qkv_prep_triton: block_h={block_h} must be a power of two >= 1")
     if block_t is None:
         block_t = max(1, rows // block_h)
-    for name, v in (("block_t", block_t), ("block_h", block_h)):
-        if v < 1 or v & (v - 1):
-            raise ValueError(f"qkv_prep_triton: {name}={v} must be a power of two >= 1")
+    if block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"qkv_prep_triton: block_t={block_t} must be a power of two >= 1")
     return block_t, block_h, block_d
 
 

@@ -106,7 +106,13 @@ class TestQKVPrepTriton:
         assert rel_err(q, q_ref) < REL_TOL[dtype]
         end = offset + t
         assert rel_err(inp.k_cache[:, :, offset:end], kc_ref[:, :, offset:end]) < REL_TOL[cache_dtype]
-        assert torch.equal(inp.v_cache[:, :, offset:end], vc_ref[:, :, offset:end])  # v: the same cast, exactly
+        v_got, v_ref = inp.v_cache[:, :, offset:end], vc_ref[:, :, offset:end]
+        if cache_dtype == torch.bfloat16 and dtype != torch.bfloat16:
+            # The interpreter truncates float -> bfloat16 where compiled Triton and torch round to nearest even
+            # (tests/gpu checks this cast exactly): allow one bfloat16 ulp.
+            torch.testing.assert_close(v_got, v_ref, rtol=2**-7, atol=0)
+        else:
+            assert torch.equal(v_got, v_ref)  # v: a cast only, so exact
         for got, before in ((inp.k_cache, kc_before), (inp.v_cache, vc_before)):  # the rest of the cache: untouched
             assert torch.equal(got[:, :, :offset], before[:, :, :offset])
             assert torch.equal(got[:, :, end:], before[:, :, end:])
