@@ -97,6 +97,8 @@ class Block(nn.Module):
 
 
 class CausalDiT(nn.Module):
+    audio_index: torch.Tensor
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from characters.rope import RopeTables
 from characters.tp import apply_tensor_parallel
 from characters.vae import CausalDecoder, VAEEncoder
 from characters.weights import check_model_config, init_weights, load_weights, seeded_build, shard_path
+from kernels.attention import AttentionBackend, pick_backend
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,8 +52,9 @@ class ForwardRecord:
 class DiTRunner:
     """One tensor-parallel rank of one session's DiT, with its cache and audio encoder."""
 
-    def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None,
-                 rank: int = 0, ranks: int = 1, attention_backend: str = "sdpa", communicate: bool = True) -> None:
+    def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
+                 group: dist.ProcessGroup | None = None, rank: int = 0, ranks: int = 1,
+                 attention_backend: AttentionBackend | Literal["auto"] = "auto", communicate: bool = True) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         m = cfg.model
         self.dtype = torch_dtype(cfg.dtype)
@@ -59,7 +62,7 @@ class DiTRunner:
         with torch.device("meta"):
             dit = CausalDiT(m)
         apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate)
-        init_weights(dit, cfg.seed, device=self.device)
+        init_weights(dit.to(self.dtype), cfg.seed, device=self.device)  # materialise in the compute dtype
         self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         if cfg.weights:
             check_model_config(m, cfg.weights)
@@ -67,7 +70,11 @@ class DiTRunner:
             load_weights(self.audio_encoder, Path(cfg.weights) / "audio.safetensors")
         self.dit = dit.to(self.dtype).eval()
         self.audio_encoder.eval()
-        self.cache = KVCache(m, local_heads=m.dit.num_heads // ranks, device=self.device, dtype=self.dtype,
+        heads = m.dit.num_heads // ranks
+        if attention_backend == "auto":
+            attention_backend = self._pick_attention(heads)
+        self.attention_backend: AttentionBackend = attention_backend
+        self.cache = KVCache(m, local_heads=heads, device=self.device, dtype=self.dtype,
                              attention_backend=attention_backend)
         self.rope = RopeTables(m.dit, m.generation.latent_frames_per_chunk, m.token_grid, self.device)
         self.sink_rope = self.rope.sink()
@@ -79,6 +86,17 @@ class DiTRunner:
         self.times = {s: torch.full((1,), s, device=self.device) for s in [*self.sigmas, 0.0]}
         self.generator = torch.Generator(device=self.device)
         self.chunk = 0
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # valid context length -> captured step
+        self._graph_out: dict[int, torch.Tensor] = {}
+
+    def _pick_attention(self, heads: int) -> AttentionBackend:
+        """The fastest attention backend on this chunk's real shapes (timed on CUDA; SDPA on CPU)."""
+        if self.device.type != "cuda":
+            return "sdpa"
+        m = self.cfg.model
+        q = torch.randn(1, heads, m.tokens_per_chunk, m.dit.head_dim, device=self.device, dtype=self.dtype)
+        kv = torch.randn(1, heads, m.cache_tokens, m.dit.head_dim, device=self.device, dtype=self.dtype)
+        return pick_backend(q, kv, kv)
 
     @torch.inference_mode()
     def audio_context(self, windows: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -108,11 +126,30 @@ class DiTRunner:
     @torch.inference_mode()
     def step_windows(self, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None = None
                      ) -> torch.Tensor:
-        g, k = self.cfg.model.generation, self.chunk
-        ctx = self.audio_context(windows)  # (1, Cf, A, Dc)
+        """One chunk from its (Fa, W) audio windows. With graphs enabled this is one graph replay."""
+        k = self.chunk
         offset, valid = self.cache.chunk_offset(k), self.cache.chunk_valid(k)
-        rope = self.rope.chunk(k * g.latent_frames_per_chunk)
-        x = torch.randn(self.x.shape, generator=self.generator, device=self.device, out=self.x)
+        first_frame = k * self.cfg.model.generation.latent_frames_per_chunk
+        torch.randn(self.x.shape, generator=self.generator, device=self.device, out=self.x)
+        self.chunk += 1
+        graph = self.graphs.get(valid)
+        if graph is None or record is not None:
+            return self._chunk(torch.as_tensor(windows).to(self.device), offset, first_frame, valid, record)
+        self._host_windows.copy_(torch.as_tensor(windows))
+        self._windows.copy_(self._host_windows, non_blocking=True)
+        self._offset.fill_(offset)
+        self._first_frame.fill_(first_frame)
+        graph.replay()
+        return self._graph_out[valid].clone()
+
+    def _chunk(self, windows: torch.Tensor, offset: int | torch.Tensor, first_frame: int | torch.Tensor, valid: int,
+               record: list[ForwardRecord] | None = None) -> torch.Tensor:
+        """The chunk step: audio context, the denoising loop, the cache update. Static shapes and no
+        host reads, so it runs eagerly or under CUDA-graph capture (tensor offset / first_frame)."""
+        g = self.cfg.model.generation
+        ctx = self.dit.audio_context(self.audio_encoder(windows[None]).to(self.dtype))  # (1, Cf, A, Dc)
+        rope = self.rope.chunk(first_frame)
+        x = self.x  # (1, C, Cf, h, w) noise, filled before the step
         for t, t_next in zip(self.sigmas[:-1], self.sigmas[1:], strict=True):
             x_in = x
             v = self.dit(x.to(self.dtype), self.times[t], ctx, rope, self.cache, offset, valid)
@@ -122,8 +159,43 @@ class DiTRunner:
             v = self.dit(x.to(self.dtype), self.times[0.0], ctx, rope, self.cache, offset, valid)
         if record is not None:
             record.append(ForwardRecord(x_in.clone(), t, ctx.clone(), v.float().clone()))
-        self.chunk += 1
         return x
+
+    @torch.inference_mode()
+    def capture_graphs(self, warmup: int = 2) -> None:
+        """Capture the chunk step as CUDA graphs: one per warm-up context length, then the steady
+        state (R graphs, sharing one memory pool). Needs the write-time cache (tensor slot offsets).
+        Leaves the session state wiped; call `start` afterwards."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; this runner is on {self.device}")
+        if self.cache.mode != "write_time":
+            raise ValueError("cache_mode='naive' slices the cache by host offsets and cannot be graph-captured; "
+                             "use cache_mode='write_time'")
+        a = self.frontend.num_frames, self.cfg.model.audio.window_samples
+        self._host_windows = torch.zeros(a, pin_memory=True)
+        self._windows = torch.zeros(a, device=self.device)  # (Fa, W)
+        self._offset = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._first_frame = torch.zeros((), dtype=torch.int64, device=self.device)
+        valids = sorted({self.cache.chunk_valid(k) for k in range(self.cfg.model.generation.ring_slots)})
+        self.graphs, self._graph_out = {}, {}
+        with torch.inference_mode():
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # compile kernels, settle the allocator
+                for valid in valids:
+                    for _ in range(warmup):
+                        self._chunk(self._windows, self._offset, self._first_frame, valid)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            pool = None
+            for valid in valids:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._graph_out[valid] = self._chunk(self._windows, self._offset, self._first_frame, valid)
+                pool = graph.pool()
+                self.graphs[valid] = graph
+        torch.cuda.synchronize(self.device)
+        self.cache.reset()
+        self.chunk = 0
 
 
 class ReferenceEncoder:
@@ -144,9 +216,13 @@ class ReferenceEncoder:
 
 
 class DecoderRunner:
-    """The causal streaming VAE decoder with its per-session temporal state."""
+    """The causal streaming VAE decoder with its per-session temporal state.
 
-    def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu") -> None:
+    On CUDA it runs channels-last (3-D) and, after `capture_graph`, as one graph replay per chunk
+    with its temporal state preallocated; `decode` then only copies the latents in."""
+
+    def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
+                 channels_last: bool | None = None) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         m = cfg.model
         self.dtype = torch_dtype(cfg.dtype)
@@ -154,17 +230,53 @@ class DecoderRunner:
         if cfg.weights:
             load_weights(self.decoder, Path(cfg.weights) / "vae_decoder.safetensors")
         self.decoder = self.decoder.to(self.dtype).eval()
+        fmt = torch.channels_last_3d if (self.device.type == "cuda" if channels_last is None else channels_last) \
+            else torch.contiguous_format
+        self.decoder = self.decoder.to(memory_format=fmt)
         h, w = m.latent_hw
         self.state = self.decoder.init_state(1, h, w, self.device, self.dtype)
+        for i, cache in enumerate(self.state.caches):
+            self.state.caches[i] = cache.contiguous(memory_format=fmt)
+        self.graph: torch.cuda.CUDAGraph | None = None
 
     def start(self) -> None:
         self.decoder.reset_state(self.state)
 
+    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        video = self.decoder.decode_chunk(latents, self.state)  # (1, 3, F, H, W)
+        frames = ((video[0].float() + 1) * 127.5).round_().to(torch.uint8)  # (3, F, H, W)
+        return frames.permute(1, 2, 3, 0).contiguous()  # (F, H, W, 3)
+
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """(1, C, Cf, h, w) -> (F, H, W, 3) uint8 frames, on the decoder's device."""
-        video = self.decoder.decode_chunk(latents.to(self.device, self.dtype), self.state)  # (1, 3, F, H, W)
-        return ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0)
+        """(1, C, Cf, h, w) -> (F, H, W, 3) uint8 frames, on the decoder's device (no host sync)."""
+        if self.graph is None:
+            return self._decode(latents.to(self.device, self.dtype))
+        self._z.copy_(latents, non_blocking=True)
+        self.graph.replay()
+        return self._frames.clone()
+
+    @torch.inference_mode()
+    def capture_graph(self, warmup: int = 2) -> None:
+        """Capture one chunk's decode as a CUDA graph (state wiped afterwards; call `start`)."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; this decoder is on {self.device}")
+        m = self.cfg.model
+        h, w = m.latent_hw
+        self._z = torch.zeros(1, m.vae.latent_channels, m.generation.latent_frames_per_chunk, h, w,
+                              device=self.device, dtype=self.dtype)  # (1, C, Cf, h, w)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._decode(self._z)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._frames = self._decode(self._z)
+        self.graph = graph
+        torch.cuda.synchronize(self.device)
+        self.start()
 
 
 class CharacterEngine:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from characters.config import ModelConfig, SessionConfig
-from characters.dit import CausalDiT
+from characters.dit import Block, CausalDiT
 from characters.tp import ParallelLinear
 
 
@@ -48,7 +48,7 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
     split = sum(p.numel() for m in model.modules() if isinstance(m, ParallelLinear)
                 for n, p in m.named_parameters(recurse=False) if n == "weight")
     total = sum(p.numel() for p in model.parameters())
-    kv_weights = sum(b.cross_attn.kv.weight.numel() for b in model.blocks)  # type: ignore[union-attr]
+    kv_weights = sum(b.cross_attn.kv.weight.numel() for b in model.blocks if isinstance(b, Block))
     per_token = sum(p.numel() for p in (model.patch_embed.weight, model.head.weight))  # replicated, per token
     per_vector = sum(p.numel() for p in [*model.time_embed.parameters(), *model.time_proj.parameters()])
     audio_embed = sum(p.numel() for p in model.audio_embed.parameters())

@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 
 from characters.config import ModelConfig
-from kernels.attention import attention
+from kernels.attention import AttentionBackend, attention
 from kernels.qkv_prep import qkv_prep, rms_norm_ref, rope_ref
 
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, *, local_heads: int, device: torch.device | str, dtype: torch.dtype,
-                 batch: int = 1, attention_backend: str = "sdpa") -> None:
+                 batch: int = 1, attention_backend: AttentionBackend = "sdpa") -> None:
         g, d = cfg.generation, cfg.dit
         self.mode = g.cache_mode
         self.sink_tokens, self.chunk_tokens, self.ring_slots = cfg.tokens_per_frame, cfg.tokens_per_chunk, g.ring_slots

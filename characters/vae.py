@@ -26,8 +26,6 @@ from torch import nn
 from characters.config import VAEConfig
 
 _CL3D = torch.channels_last_3d
-MODE = "tap"
-NORM = "plain"
 
 
 class RMSNorm(nn.Module):
@@ -39,10 +37,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, c, ...) -> same
-        if NORM == "fused":
-            return F.rms_norm(x.movedim(1, -1), (x.shape[1],), self.weight, self.eps).movedim(-1, 1)
-        gain = self.weight.view(-1, *([1] * (x.dim() - 2)))
-        return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + self.eps) * gain
+        # Channels last, the norm is over the innermost (contiguous) dimension.
+        return F.rms_norm(x.movedim(1, -1), (x.shape[1],), self.weight, self.eps).movedim(-1, 1)
 
 
 # ----------------------------------------------------------------------------------------------- decoder
@@ -75,31 +71,19 @@ class CausalConv3d(nn.Conv3d):
         return self._conv_cpu(x)
 
     def _conv_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """The same convolution as 2-D convolutions over frames.
+        """The same convolution as a sum of per-tap 2-D convolutions over frames.
 
-        On CPU, oneDNN's channels-last conv2d is 5-20x faster than conv3d at the small widths of the
-        `tiny` decoder; the result is identical up to float rounding.
+        On CPU, oneDNN's channels-last conv2d is an order of magnitude faster than conv3d at the small
+        widths of the `tiny` decoder; the result is the same up to float rounding.
         """
         x = x.contiguous(memory_format=_CL3D)  # (B, cin, T + kt - 1, h', w'), stored (B, T, h', w', cin)
         b, cin, tp, h, w = x.shape
-        t = tp - self.past
+        t, pad = tp - self.past, self.padding[1:]
         frames = x.transpose(1, 2)  # (B, T + kt - 1, cin, h', w')
-        if MODE == "stack":
-            kt, cout = self.past + 1, self.out_channels
-            wt = self.weight.permute(2, 0, 1, 3, 4).reshape(kt * cout, cin, *self.kernel_size[1:])
-            y = F.conv2d(frames.reshape(b * tp, cin, h, w), wt, None, padding=self.padding[1:])
-            y = y.view(b, tp, kt, cout, h, w)
-            out5 = y[:, 0:t, 0]
-            for k in range(1, kt):
-                out5 = out5 + y[:, k:k + t, k]
-            out5 = out5 + self.bias.view(-1, 1, 1)
-            return out5.transpose(1, 2)
-        out: torch.Tensor | None = None
-        for k in range(self.past + 1):
-            xk = frames[:, k : k + t].reshape(b * t, cin, h, w)  # (B*T, cin, h', w'), a view when B == 1
-            yk = F.conv2d(xk, self.weight[:, :, k], self.bias if k == 0 else None, padding=self.padding[1:])
-            out = yk if out is None else out.add_(yk)
-        assert out is not None
+        # Tap k sees frames k .. k + T - 1; each is (B*T, cin, h', w'), a view when B == 1.
+        out = F.conv2d(frames[:, :t].reshape(b * t, cin, h, w), self.weight[:, :, 0], self.bias, padding=pad)
+        for k in range(1, self.past + 1):
+            out.add_(F.conv2d(frames[:, k : k + t].reshape(b * t, cin, h, w), self.weight[:, :, k], padding=pad))
         return out.view(b, t, self.out_channels, h, w).transpose(1, 2)  # (B, cout, T, h', w')
 
 

@@ -81,7 +81,7 @@ def init_weights(model: nn.Module, seed: int, *, device: torch.device | str | No
             else:
                 fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
                 full = torch.randn(shape, generator=g, device=param.device) / math.sqrt(fan_in)
-            local = plinear.shard_tensor(pname, full) if plinear is not None else full  # type: ignore[arg-type]
+            local = plinear.shard_tensor(pname, full) if plinear is not None else full
             param.copy_(local)
     if dtype is not None:
         model.to(dtype)

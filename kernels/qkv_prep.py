@@ -73,7 +73,8 @@ def rope_ref(
     """Rotary embedding on adjacent pairs, in float32 (float64 stays float64).
 
     x: (..., T, Hh, Dh), tokens third from last and heads second from last (the (B, T, Hh, Dh) layout of
-    the QKV projection; a raw-key cache in (B, S, Hh, Dh) works the same with T = S).
+    the QKV projection; a raw-key cache in (B, S, Hh, Dh) works the same with T = S, and a (B, Hh, S, Dh)
+    one through `x.transpose(1, 2)`).
     cos, sin: (T, Dh/2), or (..., T, Dh/2) with leading dims that broadcast with x's; the same angle for
     every head. For pair i: out[2i] = x[2i] cos[i] - x[2i+1] sin[i], out[2i+1] = x[2i] sin[i] + x[2i+1] cos[i].
     Returns x's shape in `out_dtype` (default x.dtype).

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from characters.config import session_config
 from characters.engine import DecoderRunner, DiTRunner
 from characters.flops import chunk_cost
+from kernels.attention import attention
 
 
 def sync(device: torch.device) -> None:
@@ -66,6 +67,9 @@ def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dic
     cfg = session_config(args.preset, args.topology, dtype=args.dtype, model={"generation": {"cache_mode": mode}})
     ranks = cfg.topology.dit_ranks
     runner = DiTRunner(cfg, device=device, rank=0, ranks=ranks, communicate=False)
+    graphs = device.type == "cuda" and mode == "write_time" and not args.no_graphs
+    if graphs:
+        runner.capture_graphs()
     h, w = cfg.model.latent_hw
     runner.start(torch.randn(1, cfg.model.dit.latent_channels, h, w, device=device))
     pcm = np.zeros(runner.frontend.expected_samples, dtype=np.float32)
@@ -74,7 +78,32 @@ def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dic
     for _ in range(cfg.model.generation.ring_slots):
         runner.step_windows(windows)
     times = timed(lambda: runner.step_windows(windows), device, args.iters, args.warmup)
-    return {"ms_p50": statistics.median(times), "ms_min": min(times), "ms_max": max(times)}
+    cache_ms = cache_management_ms(runner, device, args)
+    runner.graphs.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"ms_p50": statistics.median(times), "ms_min": min(times), "ms_max": max(times), "graphs": graphs,
+            "cache_management_ms": cache_ms, "cache_share": cache_ms / statistics.median(times)}
+
+
+def cache_management_ms(runner: DiTRunner, device: torch.device, args: argparse.Namespace) -> float:
+    """Per-chunk cache work of this mode, measured in isolation at the real shapes: one layer's
+    `KVCache.attend` minus the bare attention over the same keys, times layers x forwards."""
+    m, cache = runner.cfg.model, runner.cache
+    heads = cache.k.shape[2] if cache.mode == "write_time" else cache.k.shape[3]
+    dh, t = m.dit.head_dim, cache.chunk_tokens
+    qkv = torch.randn(1, t, 3, heads, dh, device=device, dtype=runner.dtype)
+    w = torch.ones(dh, device=device)
+    cos, sin = runner.rope.chunk(0)
+    offset, valid = cache.chunk_offset(cache.ring_slots - 1), cache.chunk_valid(cache.ring_slots - 1)
+    q = torch.randn(1, heads, t, dh, device=device, dtype=runner.dtype)
+    kv = torch.randn(1, heads, valid, dh, device=device, dtype=runner.dtype)
+    with torch.inference_mode():
+        full = statistics.median(timed(lambda: cache.attend(0, qkv, w, w, cos, sin, offset, valid), device,
+                                       args.iters, args.warmup))
+        bare = statistics.median(timed(lambda: attention(q, kv, kv, runner.attention_backend), device,
+                                       args.iters, args.warmup))
+    return max(full - bare, 0.0) * m.dit.num_layers * m.generation.forwards_per_chunk
 
 
 def main() -> None:
@@ -88,6 +117,7 @@ def main() -> None:
     p.add_argument("--modes", default="write_time,naive")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-decoder", action="store_true", help="skip the decoder timing")
+    p.add_argument("--no-graphs", action="store_true", help="eager steps on CUDA (no graph capture)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/step_<preset>_<topology>_<device>.json)")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -102,6 +132,8 @@ def main() -> None:
     dec_ms = None
     if not args.no_decoder:
         dec = DecoderRunner(cfg, device=device)
+        if device.type == "cuda":
+            dec.capture_graph()
         h, w = cfg.model.latent_hw
         z = torch.randn(1, cfg.model.dit.latent_channels, cfg.model.generation.latent_frames_per_chunk, h, w,
                         device=device)
@@ -121,9 +153,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"{args.preset} / {args.topology}: one rank of {cfg.topology.dit_ranks}, {args.dtype}, {result['device']}")
-    print(f"{'mode':<11} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6}")
+    print(f"{'mode':<11} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6} {'cache ms':>9} {'cache %':>8}")
     for mode, r in rows.items():
-        print(f"{mode:<11} {r['ms_p50']:>9.2f} {floor_ms:>9.2f} {r['ms_p50'] / floor_ms:>6.2f}")
+        print(f"{mode:<11} {r['ms_p50']:>9.2f} {floor_ms:>9.2f} {r['ms_p50'] / floor_ms:>6.2f} "
+              f"{r['cache_management_ms']:>9.2f} {100 * r['cache_share']:>7.1f}%")
     if dec_ms is not None:
         print(f"{'decoder':<11} {dec_ms:>9.2f}")
     print(f"budget per chunk {result['chunk_budget_ms']:.1f} ms; matmul rate {rate / 1e12:.2f} TFLOP/s; -> {out}")

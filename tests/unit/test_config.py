@@ -23,7 +23,14 @@ def test_wan_preset_matches_public_wan21_t2v_13b_dimensions() -> None:
     m = MODEL_PRESETS["wan-1.3b"]
     d = m.dit
     assert (d.num_layers, d.dim, d.num_heads, d.ffn_dim, d.latent_channels, d.patch_size, d.freq_dim) == (
-        30, 1536, 12, 8960, 16, (2, 2), 256)
+        30,
+        1536,
+        12,
+        8960,
+        16,
+        (2, 2),
+        256,
+    )
     assert (m.generation.width, m.generation.height) == (832, 480)
     assert m.tokens_per_frame == 1560
     assert m.generation.latent_frames_per_chunk == 3

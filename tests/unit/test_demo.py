@@ -12,8 +12,9 @@ from characters.media import read_mp4
 
 
 def demo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "characters.cli", "demo", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "characters.cli", "demo", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_demo_writes_3_seconds_of_video_with_audio(tmp_path: Path) -> None:
@@ -46,6 +47,5 @@ def test_demo_refuses_unreadable_audio_without_a_traceback(tmp_path: Path) -> No
 
 
 def test_demo_missing_image_path_is_a_clear_error(tmp_path: Path) -> None:
-    res = demo("--image", str(tmp_path / "nope.png"), "--seconds", "1", "--out", str(tmp_path / "o.mp4"),
-               cwd=tmp_path)
+    res = demo("--image", str(tmp_path / "nope.png"), "--seconds", "1", "--out", str(tmp_path / "o.mp4"), cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "nope.png" in res.stderr

@@ -26,8 +26,9 @@ def pcm_for(runner: DiTRunner, k: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed + k).uniform(-0.5, 0.5, n).astype(np.float32)
 
 
-def run_chunks(cfg: SessionConfig, n: int = CHUNKS, record: list[ForwardRecord] | None = None,
-               ref_seed: int = 11) -> tuple[DiTRunner, torch.Tensor, list[torch.Tensor]]:
+def run_chunks(
+    cfg: SessionConfig, n: int = CHUNKS, record: list[ForwardRecord] | None = None, ref_seed: int = 11
+) -> tuple[DiTRunner, torch.Tensor, list[torch.Tensor]]:
     runner = DiTRunner(cfg)
     h, w = cfg.model.latent_hw
     ref = torch.randn(1, cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(ref_seed))
@@ -61,7 +62,7 @@ def test_cached_chunks_equal_full_causal_recomputation(cache_update: str) -> Non
     with torch.inference_mode():
         v = runner.dit.forward_sequence(x, t, ctx, cos, sin, mask)  # (1, C, 1 + K, h, w)
     for k, rec in enumerate(record):
-        torch.testing.assert_close(v[:, :, 1 + k:2 + k], rec.v, atol=2e-4, rtol=1e-3)
+        torch.testing.assert_close(v[:, :, 1 + k : 2 + k], rec.v, atol=2e-4, rtol=1e-3)
         if cache_update == "last_step":  # that forward's velocity also made the chunk's final Euler step
             torch.testing.assert_close(outs[k], rec.x + (0.0 - rec.t) * rec.v, atol=1e-5, rtol=1e-5)
     # and the recomputation diverges from the cached run if the window were not enforced

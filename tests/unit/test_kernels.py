@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-import triton.language as triton_lang
 
 import kernels
 from kernels import (
@@ -196,9 +195,10 @@ def test_qkv_prep_triton_on_cpu_without_interpreter_raises(monkeypatch: pytest.M
 
 def test_interpreter_switched_on_after_import_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRITON_INTERPRET=1 set after triton's import cannot work (Triton fixed its library's mode then)."""
+    import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    if isinstance(triton_lang.sum, InterpretedFunction):
+    if isinstance(tl.sum, InterpretedFunction):
         pytest.skip("this process started with TRITON_INTERPRET=1: no mismatch to provoke")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     inp = make_qkv_prep_inputs(1, 2, 1, 64, 4, torch.float32, generator=_gen(0))

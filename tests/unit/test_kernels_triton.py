@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -141,7 +140,7 @@ class TestQKVPrepTriton:
 
     def test_dispatch_uses_triton_only_when_asked(self) -> None:
         inp = make_qkv_prep_inputs(1, 3, 2, 64, 8, torch.float32, generator=torch.Generator().manual_seed(7))
-        args: tuple[Any, ...] = (inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin)
+        args = (inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin)
         kc_ref, vc_ref = inp.clone_caches()
         q_ref = qkv_prep(*args, kc_ref, vc_ref, 1, EPS, backend="auto")  # CPU: the reference even under the interpreter
         q = qkv_prep(*args, inp.k_cache, inp.v_cache, 1, EPS, backend="triton")

@@ -34,8 +34,9 @@ H100 = "accelerator_type:H100"
 
 def gpu_spec(gpus: int, room_cpus: float = 1.0) -> PlacementSpec:
     """A session of `gpus` H100s: gpus-1 DiT ranks plus a decoder GPU."""
-    topo = TopologyConfig(name=f"h100x{gpus}", dit_ranks=gpus - 1, decoder_gpus=1, accelerator="H100",
-                          room_cpus=room_cpus)
+    topo = TopologyConfig(
+        name=f"h100x{gpus}", dit_ranks=gpus - 1, decoder_gpus=1, accelerator="H100", room_cpus=room_cpus
+    )
     return bundles_for(topo)
 
 
@@ -100,7 +101,8 @@ def test_accelerator_type_must_match() -> None:
     nodes = [node("a100", 8, accel="A100"), node("plain", 8, accel=None)]
     assert decide(nodes, AdmissionQueue(1), req("r", spec), 0.0) == Enqueue("r", 1)
     assert decide([*nodes, node("h100", 2)], AdmissionQueue(1), req("r", spec), 0.0) == Admit(
-        "r", "h100", spec.demand())
+        "r", "h100", spec.demand()
+    )
     any_gpu = bundles_for(TOPOLOGIES["gpu1"])
     assert decide(nodes, AdmissionQueue(1), req("r", any_gpu), 0.0) == Admit("r", "a100", any_gpu.demand())
     cpu_only = bundles_for(TOPOLOGIES["cpu"], use_gpus=False)
@@ -268,8 +270,13 @@ def test_one_interleaving_exactly() -> None:
         decisions = drain(nodes, q, float(t))
         log += decisions
         nodes, q = commit(nodes, q, decisions)
-    assert log == [Admit("r1", "a", spec.demand()), Enqueue("r2", 1), Admit("r2", "b", spec.demand()),
-                   Enqueue("r3", 1), Admit("r3", "a", spec.demand())]
+    assert log == [
+        Admit("r1", "a", spec.demand()),
+        Enqueue("r2", 1),
+        Admit("r2", "b", spec.demand()),
+        Enqueue("r3", 1),
+        Admit("r3", "a", spec.demand()),
+    ]
 
 
 def test_random_sequences_never_overcommit() -> None:
@@ -278,8 +285,10 @@ def test_random_sequences_never_overcommit() -> None:
     stats = dict.fromkeys(["admit", "enqueue", "reject", "expire", "drained"], 0)
     for _ in range(150):
         totals = [(rng.randint(0, 8), rng.randint(1, 6)) for _ in range(rng.randint(1, 4))]
-        nodes = tuple(NodeCapacity(f"n{i}", {"GPU": g, "CPU": c, H100: 1.0}, {"GPU": g, "CPU": c, H100: 1.0})
-                      for i, (g, c) in enumerate(totals))
+        nodes = tuple(
+            NodeCapacity(f"n{i}", {"GPU": g, "CPU": c, H100: 1.0}, {"GPU": g, "CPU": c, H100: 1.0})
+            for i, (g, c) in enumerate(totals)
+        )
         q, active, now = AdmissionQueue(rng.randint(0, 4)), dict[str, Admit](), 0.0
         for step in range(60):
             now += rng.uniform(0.0, 3.0)
