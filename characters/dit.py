@@ -146,7 +146,8 @@ class CausalDiT(nn.Module):
     def modulation(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """t (B, L) -> e0 (B, L, D) and block modulation e (B, L, 6, D)."""
         b, ln = t.shape
-        e0 = self.time_embed(timestep_embedding(t.reshape(-1), self.cfg.dit.freq_dim)).view(b, ln, -1)
+        emb = timestep_embedding(t.reshape(-1), self.cfg.dit.freq_dim).to(self.head.weight.dtype)  # (B*L, F)
+        e0 = self.time_embed(emb).view(b, ln, -1)
         return e0, self.time_proj(e0).view(b, ln, 6, -1)
 
     def _run(self, tokens: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int,

@@ -104,14 +104,19 @@ class DiTRunner:
         w = torch.as_tensor(windows).to(self.device, non_blocking=True)[None]  # (1, Fa, W)
         return self.dit.audio_context(self.audio_encoder(w).to(self.dtype))
 
-    @torch.inference_mode()
-    def start(self, ref_latent: torch.Tensor) -> None:
-        """Begin a session: wipe all state, then write the reference frame into the sink.
-        ref_latent (1, C, h, w)."""
+    def reset(self, seed: int | None = None) -> None:
+        """Wipe all per-session state: KV cache, audio history, chunk index; reseed the noise
+        (`seed`, default the config's)."""
         self.cache.reset()
         self.frontend.reset()
         self.chunk = 0
-        self.generator.manual_seed(self.cfg.seed)
+        self.generator.manual_seed(self.cfg.seed if seed is None else seed)
+
+    @torch.inference_mode()
+    def start(self, ref_latent: torch.Tensor, seed: int | None = None) -> None:
+        """Begin a session: wipe all state, then write the reference frame into the sink.
+        ref_latent (1, C, h, w); `seed` seeds this session's noise (default: the config's seed)."""
+        self.reset(seed)
         ctx = self.audio_context(self.frontend.silence_windows())[:, :1]  # (1, 1, A, Dc)
         ref = ref_latent.to(self.device, self.dtype)[:, :, None]  # (1, C, 1, h, w)
         n = self.cache.sink_tokens
@@ -135,8 +140,14 @@ class DiTRunner:
         graph = self.graphs.get(valid)
         if graph is None or record is not None:
             return self._chunk(torch.as_tensor(windows).to(self.device), offset, first_frame, valid, record)
-        self._host_windows.copy_(torch.as_tensor(windows))
-        self._windows.copy_(self._host_windows, non_blocking=True)
+        # staging ring: a pinned buffer is rewritten only once its last upload has run, which only
+        # waits when the device is a whole ring of chunks behind (then the chunk is late anyway)
+        host, uploaded = self._host_windows[k % len(self._host_windows)], self._uploaded[k % len(self._uploaded)]
+        if not uploaded.query():
+            uploaded.synchronize()
+        host.copy_(torch.as_tensor(windows))
+        self._windows.copy_(host, non_blocking=True)
+        uploaded.record()
         self._offset.fill_(offset)
         self._first_frame.fill_(first_frame)
         graph.replay()
@@ -162,7 +173,7 @@ class DiTRunner:
         return x
 
     @torch.inference_mode()
-    def capture_graphs(self, warmup: int = 2) -> None:
+    def capture_graphs(self, warmup: int = 2, share_pool: bool = True) -> None:
         """Capture the chunk step as CUDA graphs: one per warm-up context length, then the steady
         state (R graphs, sharing one memory pool). Needs the write-time cache (tensor slot offsets).
         Leaves the session state wiped; call `start` afterwards."""
@@ -172,7 +183,8 @@ class DiTRunner:
             raise ValueError("cache_mode='naive' slices the cache by host offsets and cannot be graph-captured; "
                              "use cache_mode='write_time'")
         a = self.frontend.num_frames, self.cfg.model.audio.window_samples
-        self._host_windows = torch.zeros(a, pin_memory=True)
+        self._host_windows = [torch.zeros(a, pin_memory=True) for _ in range(4)]
+        self._uploaded = [torch.cuda.Event() for _ in range(4)]
         self._windows = torch.zeros(a, device=self.device)  # (Fa, W)
         self._offset = torch.zeros((), dtype=torch.int64, device=self.device)
         self._first_frame = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -191,7 +203,7 @@ class DiTRunner:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self._graph_out[valid] = self._chunk(self._windows, self._offset, self._first_frame, valid)
-                pool = graph.pool()
+                pool = graph.pool() if share_pool else None
                 self.graphs[valid] = graph
         torch.cuda.synchronize(self.device)
         self.cache.reset()

@@ -162,21 +162,20 @@ class CausalDecoder(nn.Module):
         widths = [cfg.base_channels * m for m in reversed(cfg.channel_mult)]  # lowest resolution first
         scale, frames = 1, 1
         self.conv_in = CausalConv3d(cfg.latent_channels, widths[0], (3, 3, 3), scale, frames)
-        self.mid = nn.ModuleList(
+        # The mid block, then the stages from the lowest resolution up, run in this order.
+        self.blocks = nn.ModuleList(
             [
                 ResBlock(widths[0], scale, frames),
                 FrameAttention(widths[0], scale, frames),
                 ResBlock(widths[0], scale, frames),
             ]
         )
-        self.stages = nn.ModuleList()
         for i, c in enumerate(widths):
-            stage = nn.ModuleList([ResBlock(c, scale, frames) for _ in range(cfg.num_res_blocks + 1)])
+            self.blocks.extend(ResBlock(c, scale, frames) for _ in range(cfg.num_res_blocks + 1))
             if i < len(widths) - 1:
                 temporal = i < 2  # 4x = two 2x temporal up-samplings, at the two lowest resolutions
-                stage.append(Upsample(c, widths[i + 1], scale, frames, temporal))
+                self.blocks.append(Upsample(c, widths[i + 1], scale, frames, temporal))
                 scale, frames = 2 * scale, (2 * frames if temporal else frames)
-            self.stages.append(stage)
         self.norm_out = RMSNorm(widths[-1])
         self.conv_out = CausalConv3d(widths[-1], 3, (3, 3, 3), scale, frames)
         self.cached_convs = [m for m in self.modules() if isinstance(m, CausalConv3d) and m.past > 0]
@@ -185,11 +184,8 @@ class CausalDecoder(nn.Module):
 
     def forward(self, z: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:
         x = self.conv_in(z, caches)  # (B, c0, Tc, h, w)
-        for block in self.mid:
-            x = block(x, caches)
-        for stage in self.stages:
-            for block in stage:
-                x = block(x, caches)  # ends at (B, c3, 4*Tc, 8h, 8w)
+        for block in self.blocks:
+            x = block(x, caches)  # ends at (B, c3, 4*Tc, 8h, 8w)
         x = self.conv_out(F.silu(self.norm_out(x)), caches)  # (B, 3, 4*Tc, 8h, 8w)
         return x.clamp(-1.0, 1.0)
 
@@ -197,13 +193,11 @@ class CausalDecoder(nn.Module):
         self, batch: int, latent_h: int, latent_w: int, device: torch.device | str, dtype: torch.dtype
     ) -> DecoderState:
         """Zeroed caches for one stream at latent size (latent_h, latent_w); allocate once per session."""
-        caches = [
-            torch.zeros(
-                batch, conv.in_channels, conv.past, latent_h * conv.scale, latent_w * conv.scale,
-                device=device, dtype=dtype,
-            ).contiguous(memory_format=_CL3D)  # (B, cin, kt - 1, h', w')
-            for conv in self.cached_convs
-        ]
+        caches = []
+        for conv in self.cached_convs:
+            shape = (batch, conv.in_channels, conv.past, latent_h * conv.scale, latent_w * conv.scale)
+            caches.append(torch.zeros(shape, device=device, dtype=dtype).contiguous(memory_format=_CL3D))
+
         return DecoderState(caches=caches, batch=batch, latent_hw=(latent_h, latent_w))
 
     @staticmethod

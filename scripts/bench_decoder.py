@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from characters.config import session_config
 from characters.engine import DecoderRunner
 from characters.vae import decoder_flops_per_chunk
-from scripts.bench_step import matmul_rate, timed
+from scripts.bench_step import env_info, matmul_rate, timed
 
 
 def variant(cfg_dtype: str, device: torch.device, channels_last: bool, graph: bool, preset: str,
@@ -66,8 +65,7 @@ def main() -> None:
     result = {"command": " ".join(["python", *sys.argv]), "preset": args.preset,
               "resolution": f"{cfg.model.generation.width}x{cfg.model.generation.height}",
               "frames_per_chunk": cfg.model.generation.frames_per_chunk,
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-              "torch": torch.__version__, "gflops_per_chunk": flops / 1e9, "matmul_tflops": rate / 1e12,
+              **env_info(device), "gflops_per_chunk": flops / 1e9, "matmul_tflops": rate / 1e12,
               "floor_ms": floor, "ms": rows, "target_ms": 60.0}
     out = Path(args.out or f"benchmarks/decoder_{args.preset}_{device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

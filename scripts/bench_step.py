@@ -15,6 +15,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,26 @@ from characters.config import session_config
 from characters.engine import DecoderRunner, DiTRunner
 from characters.flops import chunk_cost
 from kernels.attention import attention
+
+
+def env_info(device: torch.device) -> dict[str, str]:
+    """What the numbers were measured on: device, driver, torch and Triton versions."""
+    info = {"torch": torch.__version__, "device": platform.processor() or "cpu",
+            "threads": str(torch.get_num_threads())}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = "not installed"
+    if device.type == "cuda":
+        info["device"] = torch.cuda.get_device_name(device)
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=10).stdout.split()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            info["driver"] = "unknown"
+    return info
 
 
 def sync(device: torch.device) -> None:
@@ -143,8 +164,7 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]),
         "preset": args.preset, "topology": args.topology, "ranks": cfg.topology.dit_ranks,
         "communication": "excluded (one rank's share, no all-reduce)",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "threads": torch.get_num_threads(), "dtype": args.dtype, "torch": torch.__version__,
+        **env_info(device), "dtype": args.dtype,
         "matmul_tflops": rate / 1e12, "flops_per_chunk_per_rank": cost.flops_per_chunk_per_rank,
         "floor_ms": floor_ms, "modes": rows, "decoder_ms_p50": dec_ms,
         "chunk_budget_ms": 1000 * cfg.model.generation.frames_per_chunk / 24,

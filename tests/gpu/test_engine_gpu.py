@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.engine import DecoderRunner, DiTRunner
 
@@ -53,11 +54,12 @@ def test_steps_never_synchronise() -> None:
     h, w = runner.cfg.model.latent_hw
     runner.start(torch.zeros(1, runner.cfg.model.dit.latent_channels, h, w, device="cuda"))
     decoder.start()
-    pcm = np.zeros(runner.frontend.expected_samples, dtype=np.float32)
+    spans = [chunk_sample_range(k, runner.cfg.model.generation.frames_per_chunk) for k in range(CHUNKS)]
+    pcms = [np.zeros(b - a, dtype=np.float32) for a, b in spans]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(CHUNKS):
+        for pcm in pcms:
             decoder.decode(runner.step(pcm))
     finally:
         torch.cuda.set_sync_debug_mode("default")

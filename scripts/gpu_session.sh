@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One GPU-machine session: install carried wheels, run the GPU tests, then the benchmarks.
+# Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|all]
+set -uo pipefail
+what=${1:-all}
+OUT=${OUT:-benchmarks}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 scripts/bench_step.py --preset 57b --topology h100x5 --device cuda --out "$OUT/step_57b_h100x5_rank.json"
+  python3 scripts/bench_step.py --preset wan-1.3b --topology gpu1 --device cuda --out "$OUT/step_wan-1.3b_gpu1.json"
+  python3 scripts/bench_decoder.py --preset 57b --device cuda --out "$OUT/decoder_57b.json"
+  python3 scripts/bench_kernels.py --out "$OUT/kernels.json"
+fi
