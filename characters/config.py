@@ -75,7 +75,8 @@ class VAEConfig(_Frozen):
     temporal_factor: Literal[4] = Field(default=4, description="Video frames per latent frame.")
     base_channels: int = Field(description="Decoder channels at full resolution times the first multiplier.", ge=1)
     channel_mult: tuple[int, ...] = Field(description="Per-stage channel multipliers, lowest resolution last.")
-    num_res_blocks: int = Field(default=2, description="Residual blocks per decoder stage.", ge=0)
+    num_res_blocks: int = Field(
+        default=2, description="Residual blocks per encoder stage; each decoder stage has one more (Wan).", ge=0)
     encoder_base_channels: int = Field(description="Encoder channels at full resolution.", ge=1)
 
     @model_validator(mode="after")

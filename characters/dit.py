@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,51 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
     ang = (t.float() * 1000.0)[:, None] * freqs  # (B, dim/2)
     return torch.cat([ang.cos(), ang.sin()], dim=1)
+
+
+def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """adaLN: LayerNorm without affine, then the timestep's scale and shift. (B, T, D)"""
+    return F.layer_norm(x, x.shape[-1:], eps=eps) * (1 + scale) + shift
+
+
+def _gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return x + gate * y
+
+
+def _gated_add_norm(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual with gate, then an affine LayerNorm of the sum: (new x, normed)."""
+    x = x + gate * y
+    return x, F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def _add_modulate(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual, then adaLN of the sum: (new x, modulated)."""
+    x = x + y
+    return x, _modulate(x, shift, scale, eps)
+
+
+def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm in float32, returned in x's dtype. (..., Dh)"""
+    return rms_norm_ref(x, weight, eps)
+
+
+class ElementwiseOps:
+    """The block's elementwise steps: plain PyTorch, or each compiled into one fused kernel (CUDA)."""
+
+    def __init__(self, fused: bool = False) -> None:
+        self.fused = fused
+        wrap: Callable[[Any], Any] = (lambda f: torch.compile(f, fullgraph=True, dynamic=False)) if fused \
+            else (lambda f: f)
+        self.modulate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor] = wrap(_modulate)
+        self.gated_add: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = wrap(_gated_add)
+        self.gated_add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = wrap(_gated_add_norm)
+        self.add_modulate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = wrap(_add_modulate)
+        self.head_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = wrap(_head_norm)
+
+
+_PLAIN = ElementwiseOps(False)
 
 
 class SelfAttention(nn.Module):
@@ -54,6 +100,7 @@ class AudioCrossAttention(nn.Module):
     def __init__(self, dim: int, cross_dim: int, num_heads: int, eps: float) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.eps = num_heads, dim // num_heads, eps
+        self.ops = _PLAIN
         self.q = ParallelLinear(dim, dim, "column")
         self.kv = ParallelLinear(cross_dim, 2 * dim, "column", groups=2)
         self.q_norm = nn.Parameter(torch.ones(self.head_dim))
@@ -64,10 +111,10 @@ class AudioCrossAttention(nn.Module):
         b, t, _ = x.shape
         nf, a = ctx.shape[1], ctx.shape[2]
         hh, dh = self.num_heads, self.head_dim
-        q = rms_norm_ref(self.q(x).view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
+        q = self.ops.head_norm(self.q(x).view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
-        k = rms_norm_ref(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
-        out = F.scaled_dot_product_attention(q.to(x.dtype).transpose(1, 2), k.to(x.dtype).transpose(1, 2),
+        k = self.ops.head_norm(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              kv[:, :, 1].transpose(1, 2))  # (B*nF, Hh, N, Dh)
         return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
 
@@ -76,11 +123,10 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d = cfg.dit
-        self.norm1 = nn.LayerNorm(d.dim, eps=d.eps, elementwise_affine=False)
+        self.eps, self.ops = d.eps, _PLAIN
         self.self_attn = SelfAttention(d.dim, d.num_heads)
         self.norm3 = nn.LayerNorm(d.dim, eps=d.eps)
         self.cross_attn = AudioCrossAttention(d.dim, d.cross_dim, d.num_heads, d.eps)
-        self.norm2 = nn.LayerNorm(d.dim, eps=d.eps, elementwise_affine=False)
         self.fc1 = ParallelLinear(d.dim, d.ffn_dim, "column")
         self.fc2 = ParallelLinear(d.ffn_dim, d.dim, "row")
         self.modulation = nn.Parameter(torch.zeros(1, 1, 6, d.dim))
@@ -89,11 +135,11 @@ class Block(nn.Module):
                 attend: AttendFn) -> torch.Tensor:
         # x (B, T, D); e (B, 1 or T, 6, D); ctx (B, nF, A, Dc)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (self.modulation + e).unbind(2)  # each (B, L, D)
-        h = self.norm1(x) * (1 + scale_a) + shift_a
-        x = x + gate_a * self.self_attn(h, layer, attend)
-        x = x + self.cross_attn(self.norm3(x), ctx)
-        h = self.norm2(x) * (1 + scale_m) + shift_m
-        return x + gate_m * self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+        ops, eps = self.ops, self.eps
+        h = ops.modulate(x, shift_a, scale_a, eps)
+        x, h = ops.gated_add_norm(x, self.self_attn(h, layer, attend), gate_a, self.norm3.weight, self.norm3.bias, eps)
+        x, h = ops.add_modulate(x, self.cross_attn(h, ctx), shift_m, scale_m, eps)
+        return ops.gated_add(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate_m)
 
 
 class CausalDiT(nn.Module):
@@ -123,6 +169,13 @@ class CausalDiT(nn.Module):
 
     def rebuild_buffers(self) -> None:
         self.audio_index = self._audio_index(self.audio_index.device)
+
+    def fuse_elementwise(self, fused: bool = True) -> None:
+        """Use compiled, fused elementwise steps (CUDA) or plain PyTorch ones."""
+        ops = ElementwiseOps(fused)
+        for module in self.modules():
+            if isinstance(module, Block | AudioCrossAttention):
+                module.ops = ops
 
     # ------------------------------------------------------------------ pieces
     def patchify(self, x: torch.Tensor) -> torch.Tensor:

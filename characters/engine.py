@@ -54,7 +54,8 @@ class DiTRunner:
 
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
                  group: dist.ProcessGroup | None = None, rank: int = 0, ranks: int = 1,
-                 attention_backend: AttentionBackend | Literal["auto"] = "auto", communicate: bool = True) -> None:
+                 attention_backend: AttentionBackend | Literal["auto"] = "auto", communicate: bool = True,
+                 fuse: bool | None = None) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         m = cfg.model
         self.dtype = torch_dtype(cfg.dtype)
@@ -69,6 +70,7 @@ class DiTRunner:
             load_weights(dit, shard_path(cfg.weights, rank, ranks))
             load_weights(self.audio_encoder, Path(cfg.weights) / "audio.safetensors")
         self.dit = dit.to(self.dtype).eval()
+        self.dit.fuse_elementwise(self.device.type == "cuda" if fuse is None else fuse)
         self.audio_encoder.eval()
         heads = m.dit.num_heads // ranks
         if attention_backend == "auto":
@@ -234,7 +236,7 @@ class DecoderRunner:
     with its temporal state preallocated; `decode` then only copies the latents in."""
 
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
-                 channels_last: bool | None = None) -> None:
+                 channels_last: bool | None = None, compile: bool | None = None) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         m = cfg.model
         self.dtype = torch_dtype(cfg.dtype)
@@ -249,13 +251,17 @@ class DecoderRunner:
         self.state = self.decoder.init_state(1, h, w, self.device, self.dtype)
         for i, cache in enumerate(self.state.caches):
             self.state.caches[i] = cache.contiguous(memory_format=fmt)
+        if compile if compile is not None else self.device.type == "cuda":  # Inductor fuses norms/acts/layouts
+            self._forward = torch.compile(self.decoder.decode_chunk, dynamic=False)
+        else:
+            self._forward = self.decoder.decode_chunk
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def start(self) -> None:
         self.decoder.reset_state(self.state)
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
-        video = self.decoder.decode_chunk(latents, self.state)  # (1, 3, F, H, W)
+        video = self._forward(latents, self.state)  # (1, 3, F, H, W)
         frames = ((video[0].float() + 1) * 127.5).round_().to(torch.uint8)  # (3, F, H, W)
         return frames.permute(1, 2, 3, 0).contiguous()  # (F, H, W, 3)
 

@@ -70,7 +70,11 @@ class KVCache:
         Returns (B, Hh, T, Dh)."""
         if self.mode == "write_time":
             kc, vc = self.k[layer], self.v[layer]  # (B, Hh, S, Dh)
-            q = qkv_prep(qkv, q_weight, k_weight, cos, sin, kc, vc, offset, self.eps)  # (B, Hh, T, Dh)
+            b, t, _, hh, dh = qkv.shape
+            # q token-major, so attention's output comes back token-major and the output
+            # projection's (B, T, Hh*Dh) view needs no copy
+            q = torch.empty(b, t, hh, dh, device=qkv.device, dtype=qkv.dtype).transpose(1, 2)  # (B, Hh, T, Dh)
+            q = qkv_prep(qkv, q_weight, k_weight, cos, sin, kc, vc, offset, self.eps, out=q)
             return attention(q, kc[:, :, :valid], vc[:, :, :valid], self.backend)
         t = qkv.shape[1]
         kr, vr = self.k[layer], self.v[layer]  # (B, S, Hh, Dh) fp32

@@ -110,7 +110,8 @@ def qkv_prep_ref(
 ) -> torch.Tensor:
     """Reference for the fused write: see the module docstring. Returns q, (B, Hh, T, Dh) in qkv's dtype.
 
-    `out`, if given, is a (B, Hh, T, Dh) contiguous tensor of qkv's dtype that receives q (preallocated
+    `out`, if given, is a (B, Hh, T, Dh) tensor of qkv's dtype with a contiguous last dim (e.g. the
+    transposed view of a token-major (B, T, Hh, Dh) buffer) that receives q (preallocated
     buffers for graph capture); it is returned.
     """
     b, t, hh, dh, _ = _check_args(qkv, q_weight, k_weight, cos, sin, k_cache, v_cache, offset, eps, out)
@@ -146,7 +147,7 @@ def _qkv_prep_kernel(
     k_weight_ptr,  # (Dh,)
     cos_ptr,  # (T, Dh/2) float32, strides (s_rope_t, 1)
     sin_ptr,  # (T, Dh/2) float32, strides (s_rope_t, 1)
-    q_out_ptr,  # (B, Hh, T, Dh) contiguous
+    q_out_ptr,  # (B, Hh, T, Dh), strides (s_qo_b, s_qo_h, s_qo_t, 1): head- or token-major
     k_cache_ptr,  # (B, Hh, S, Dh), strides (s_kc_b, s_kc_h, s_kc_s, 1)
     v_cache_ptr,  # (B, Hh, S, Dh), strides (s_vc_b, s_vc_h, s_vc_s, 1)
     offset_ptr,  # () int64, read only when OFFSET_FROM_PTR
@@ -160,6 +161,9 @@ def _qkv_prep_kernel(
     s_qkv_c,
     s_qkv_h,
     s_rope_t,
+    s_qo_b,
+    s_qo_h,
+    s_qo_t,
     s_kc_b,
     s_kc_h,
     s_kc_s,
@@ -210,7 +214,7 @@ def _qkv_prep_kernel(
     yk = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), (ROWS, BLOCK_D))
 
     # q out in (B, Hh, T, Dh).
-    q_dst = q_out_ptr + (((b * Hh + h) * T + t) * HEAD_DIM)[:, None] + d[None, :]  # (ROWS, BLOCK_D)
+    q_dst = q_out_ptr + (b * s_qo_b + h * s_qo_h + t * s_qo_t)[:, None] + d[None, :]  # (ROWS, BLOCK_D)
     tl.store(q_dst, yq.to(q_out_ptr.dtype.element_ty), mask=mask)
 
     # k and v into the cache at slot offset + t; rows outside [0, S) are dropped.
@@ -285,6 +289,7 @@ def qkv_prep_triton(
             b * t, t, hh, s,
             qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3),
             cos.stride(0),
+            out.stride(0), out.stride(1), out.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             float(eps),
@@ -385,9 +390,10 @@ def _check_args(
             raise fail(f"{name} has dtype {cache.dtype}; expected one of float32, bfloat16, float16")
         if cache.stride(-1) != 1:
             raise fail(f"{name} has strides {cache.stride()}; the last dim (Dh) must be contiguous (stride 1)")
-    if out is not None and (out.shape != (b, hh, t, dh) or out.dtype != qkv.dtype or not out.is_contiguous()):
+    if out is not None and (out.shape != (b, hh, t, dh) or out.dtype != qkv.dtype or out.stride(-1) != 1):
         raise fail(
-            f"out has shape {tuple(out.shape)}, dtype {out.dtype}; expected a contiguous "
+            f"out has shape {tuple(out.shape)}, dtype {out.dtype}, strides {out.stride()}; expected a "
+            "last-dim-contiguous "
             f"({b}, {hh}, {t}, {dh}) = (B, Hh, T, Dh) tensor of qkv's dtype {qkv.dtype}"
         )
     named = [("q_weight", q_weight), ("k_weight", k_weight), ("cos", cos), ("sin", sin)]

@@ -27,9 +27,9 @@ from scripts.bench_step import env_info, matmul_rate, timed
 
 
 def variant(cfg_dtype: str, device: torch.device, channels_last: bool, graph: bool, preset: str,
-            iters: int, warmup: int) -> float:
+            iters: int, warmup: int, compile: bool | None = None) -> float:
     cfg = session_config(preset, "gpu1", dtype=cfg_dtype)
-    runner = DecoderRunner(cfg, device=device, channels_last=channels_last)
+    runner = DecoderRunner(cfg, device=device, channels_last=channels_last, compile=compile)
     if graph:
         runner.capture_graph()
     runner.start()
@@ -54,13 +54,16 @@ def main() -> None:
     flops = decoder_flops_per_chunk(cfg.model.vae, h, w) * cfg.model.generation.latent_frames_per_chunk
     if device.type == "cuda":
         rate = matmul_rate(device, torch.bfloat16)
-        variants = {"fp32_ncdhw_eager": ("float32", False, False), "bf16_ncdhw_eager": ("bfloat16", False, False),
-                    "bf16_cl3d_eager": ("bfloat16", True, False), "bf16_cl3d_graph": ("bfloat16", True, True)}
+        variants = {"fp32_ncdhw_eager": ("float32", False, False, False),
+                    "bf16_ncdhw_eager": ("bfloat16", False, False, False),
+                    "bf16_cl3d_eager": ("bfloat16", True, False, False),
+                    "bf16_cl3d_graph": ("bfloat16", True, True, False),
+                    "bf16_cl3d_compiled_graph": ("bfloat16", True, True, True)}
     else:
         rate = matmul_rate(device, torch.float32)
         variants = {"fp32_eager": ("float32", False, False)}
-    rows = {name: variant(dt, device, cl, g, args.preset, args.iters, args.warmup)
-            for name, (dt, cl, g) in variants.items()}
+    rows = {name: variant(v[0], device, v[1], v[2], args.preset, args.iters, args.warmup, *v[3:])
+            for name, v in variants.items()}
     floor = flops / rate * 1e3
     result = {"command": " ".join(["python", *sys.argv]), "preset": args.preset,
               "resolution": f"{cfg.model.generation.width}x{cfg.model.generation.height}",

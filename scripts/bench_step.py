@@ -85,10 +85,13 @@ def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
 
 
 def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dict[str, float]:
-    cfg = session_config(args.preset, args.topology, dtype=args.dtype, model={"generation": {"cache_mode": mode}})
+    """mode: write_time | naive, with the suffix `_unfused` for plain (uncompiled) elementwise steps."""
+    cache_mode = mode.removesuffix("_unfused")
+    cfg = session_config(args.preset, args.topology, dtype=args.dtype, model={"generation": {"cache_mode": cache_mode}})
     ranks = cfg.topology.dit_ranks
-    runner = DiTRunner(cfg, device=device, rank=0, ranks=ranks, communicate=False)
-    graphs = device.type == "cuda" and mode == "write_time" and not args.no_graphs
+    runner = DiTRunner(cfg, device=device, rank=0, ranks=ranks, communicate=False,
+                       fuse=device.type == "cuda" and not mode.endswith("_unfused"))
+    graphs = device.type == "cuda" and cache_mode == "write_time" and not args.no_graphs
     if graphs:
         runner.capture_graphs()
     h, w = cfg.model.latent_hw

@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ class Demand:
     sigma: float = 0.75  # lognormal shape: mean = median * exp(sigma^2 / 2) ~ 238 s
     max_session_s: float = 900.0
     horizon_s: float = DAY_S
+    warmup_s: float = 3600.0  # simulated before t=0 so the day starts in steady state; not counted
     seed: int = 0
 
     @property
@@ -101,7 +102,7 @@ class Fleet:
     gpus_per_node: int = 8
     cpus_per_node: int = 96
     min_nodes: int = 10
-    headroom: int = 8  # autoscaled: free bundles kept ready (the scheduler's warm slots)
+    headroom: int = 32  # autoscaled: free bundles kept ready (the scheduler's warm slots)
     provision_s: float = 600.0
     idle_timeout_s: float = 600.0
     tick_s: float = 15.0
@@ -150,6 +151,23 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- ledger
+
+
+@dataclass(frozen=True)
+class MemoSpec(PlacementSpec):
+    """bundles_for's spec, unchanged, with `demand()` summed once: the policy asks for it per queued request."""
+
+    def demand(self) -> dict[str, float]:
+        cached = self.__dict__.get("_demand")
+        if cached is None:
+            cached = super().demand()
+            object.__setattr__(self, "_demand", cached)
+        return dict(cached)
+
+    @classmethod
+    def of(cls, spec: PlacementSpec) -> MemoSpec:
+        return cls(**{f.name: getattr(spec, f.name) for f in fields(spec)})
+
 
 
 def _key(node: NodeCapacity) -> tuple[tuple[str, int], ...]:
@@ -210,7 +228,8 @@ class Simulation:
     def __init__(self, fleet: Fleet, demand: Demand, *, check: bool = False) -> None:
         topo = TOPOLOGIES[fleet.topology]
         self.fleet, self.demand, self.check = fleet, demand, check
-        self.spec = bundles_for(topo)
+        self.spec = MemoSpec.of(bundles_for(topo))
+        self.session_gpus = int(self.spec.gpus)
         self.node_total = {"GPU": float(fleet.gpus_per_node), "CPU": float(fleet.cpus_per_node)}
         if topo.accelerator:
             self.node_total[accelerator_resource(topo.accelerator)] = 1.0
@@ -227,6 +246,7 @@ class Simulation:
         self.provisioning = 0
         self.idle_since: dict[str, float] = {}
         self.next_node = 0
+        self.n_requests = 0
         self.busy_gpus = 0
         self.gpu_seconds = 0.0
         self.busy_gpu_seconds = 0.0
@@ -259,7 +279,7 @@ class Simulation:
         return per * self.nodes_up()
 
     def advance(self, to: float) -> None:
-        dt = to - self.now
+        dt = max(0.0, to - max(self.now, 0.0))  # statistics cover [0, horizon] only
         self.gpu_seconds += dt * self.total_gpus()
         self.busy_gpu_seconds += dt * self.busy_gpus
         self.node_seconds += dt * (self.fleet.nodes if self.fleet.mode == "pooled" else self.nodes_up())
@@ -274,24 +294,27 @@ class Simulation:
                 self.idle_since.pop(node.node_id, None)
 
     def record(self, decisions: Iterable[Any]) -> None:
+        r = self.result
         for d in decisions:
+            if isinstance(d, Enqueue):
+                self.push(self.now + self.fleet.queue_timeout_s, "deadline")
+                continue
+            arrived = self.arrived.pop(d.request_id)
+            duration = self.durations.pop(d.request_id)
+            counted = arrived >= 0.0  # warm-up arrivals are not counted
             if isinstance(d, Admit):
                 self.sessions[d.request_id] = d
-                self.busy_gpus += int(self.spec.gpus)
-                self.result.admitted += 1
-                self.result.waits.append(self.now - self.arrived.pop(d.request_id))
-                self.push(self.now + self.durations.pop(d.request_id), "end", d.request_id)
+                self.busy_gpus += self.session_gpus
+                self.push(self.now + duration, "end", d.request_id)
+                if counted:
+                    r.admitted += 1
+                    r.waits.append(self.now - arrived)
             elif isinstance(d, Expire):
-                self.result.expired += 1
-                self.arrived.pop(d.request_id, None)
-                self.durations.pop(d.request_id, None)
+                r.expired += counted
             elif isinstance(d, Reject):
-                self.result.rejected += 1
-                self.arrived.pop(d.request_id, None)
-                self.durations.pop(d.request_id, None)
-            elif isinstance(d, Enqueue):
-                self.push(self.now + self.fleet.queue_timeout_s, "deadline")
-        self.result.peak_running = max(self.result.peak_running, len(self.sessions))
+                r.rejected += counted
+        if self.now >= 0.0:
+            r.peak_running = max(r.peak_running, len(self.sessions))
         if self.check:
             self.assert_consistent()
 
@@ -308,6 +331,8 @@ class Simulation:
     def drain_queue(self) -> None:
         if not len(self.queue):
             return
+        if self.ledger.free_bundles() == 0 and min(r.deadline for r in self.queue) > self.now:
+            return  # drain could only Admit (nothing fits) or Expire (nothing due): it would decide nothing
         view = self.ledger.view(len(self.queue))
         decisions = drain(view, self.queue, self.now)
         after, self.queue = commit(view, self.queue, decisions)
@@ -315,8 +340,9 @@ class Simulation:
         self.record(decisions)
 
     def arrive(self) -> None:
-        self.result.arrivals += 1
-        rid = f"r{self.result.arrivals:08d}"
+        self.result.arrivals += self.now >= 0.0
+        self.n_requests += 1
+        rid = f"r{self.n_requests:08d}"
         request = Request(rid, self.spec, arrived_at=self.now, deadline=self.now + self.fleet.queue_timeout_s)
         self.arrived[rid] = self.now
         self.durations[rid] = min(self.demand.max_session_s,
@@ -335,7 +361,7 @@ class Simulation:
         (node,) = release((self.ledger.nodes[admit.node_id],), admit)
         self.ledger.update(node)
         self.touched([node])
-        self.busy_gpus -= int(self.spec.gpus)
+        self.busy_gpus -= self.session_gpus
         self.drain_queue()
 
     def autoscale(self) -> None:
@@ -356,14 +382,15 @@ class Simulation:
 
     def run(self) -> Result:
         started = time.perf_counter()
+        self.now = -self.demand.warmup_s
         if self.fleet.mode == "pooled":
             self.new_node(scale=self.fleet.nodes)
         else:
             for _ in range(self.fleet.min_nodes if self.fleet.mode == "autoscaled" else self.fleet.nodes):
                 self.new_node()
             if self.fleet.mode == "autoscaled":
-                self.push(0.0, "tick")
-        self.push(self.next_arrival(0.0), "arrival")
+                self.push(self.now, "tick")
+        self.push(self.next_arrival(self.now), "arrival")
         horizon = self.demand.horizon_s
         while self.events and self.events[0][0] <= horizon:
             at, _, kind, payload = heapq.heappop(self.events)
@@ -382,10 +409,11 @@ class Simulation:
             elif kind == "tick":
                 self.autoscale()
                 self.push(at + self.fleet.tick_s, "tick")
-            self.result.max_nodes = max(self.result.max_nodes, self.nodes_up())
+            if at >= 0.0:
+                self.result.max_nodes = max(self.result.max_nodes, self.nodes_up())
         self.advance(horizon)
         r = self.result
-        r.still_queued = len(self.queue)
+        r.still_queued = sum(q.arrived_at >= 0.0 for q in self.queue)
         r.running_at_end = len(self.sessions)
         r.gpu_utilisation = self.busy_gpu_seconds / self.gpu_seconds if self.gpu_seconds else 0.0
         r.mean_nodes = self.node_seconds / horizon
@@ -420,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=float, default=24.0)
     p.add_argument("--peak-sessions", type=float, default=360.0, help="offered concurrent sessions at the peak")
     p.add_argument("--min-nodes", type=int, default=10)
-    p.add_argument("--headroom", type=int, default=8)
+    p.add_argument("--headroom", type=int, default=32, help="autoscaled: free bundles kept (warm slots)")
     p.add_argument("--provision-s", type=float, default=600.0)
     p.add_argument("--idle-timeout-s", type=float, default=600.0)
     p.add_argument("--topologies", nargs="+", default=list(TOPOLOGY_NAMES), choices=TOPOLOGY_NAMES)

@@ -129,6 +129,16 @@ class TestQKVPrepTriton:
         assert rel_err(inp.k_cache, kc_ref) < 1e-6
         assert torch.equal(inp.v_cache, vc_ref)
 
+    def test_token_major_q_out(self) -> None:
+        """q written into the transposed view of a (B, T, Hh, Dh) buffer (what the model passes)."""
+        inp = make_qkv_prep_inputs(2, 5, 3, 48, 12, torch.float32, generator=torch.Generator().manual_seed(8))
+        kc_ref, vc_ref = inp.clone_caches()
+        args = (inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin)
+        out = torch.full((2, 5, 3, 48), float("nan")).transpose(1, 2)  # (B, Hh, T, Dh), token-major memory
+        q = qkv_prep_triton(*args, inp.k_cache, inp.v_cache, 4, EPS, out=out)
+        q_ref = qkv_prep_ref(*args, kc_ref, vc_ref, 4, EPS)
+        assert q.data_ptr() == out.data_ptr() and rel_err(q, q_ref) < 1e-6
+
     def test_out_of_range_tensor_offset_drops_rows(self) -> None:
         inp = make_qkv_prep_inputs(1, 5, 2, 48, 10, torch.float32, generator=torch.Generator().manual_seed(6))
         kc_before, vc_before = inp.clone_caches()
