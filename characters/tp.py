@@ -5,8 +5,8 @@ Every linear layer that tensor parallelism splits is a `ParallelLinear` that kno
 - ``column``: output features are split across ranks (Q/K/V projections, the MLP's first layer).
   ``groups`` > 1 splits each of several fused outputs separately (fused QKV: each of Q, K and V
   is split by heads, so rank r holds heads [r*Hl, (r+1)*Hl) of all three).
-- ``row``: input features are split; partial outputs are summed with an all-reduce, and the bias
-  is added once after the sum (output projections, the MLP's second layer).
+- ``row``: input features are split; partial outputs are summed with an all-reduce; rank 0 alone
+  adds the bias (in its GEMM), so the sum carries it once (output projections, the MLP's second layer).
 
 On one device (``size == 1``) both are a plain linear layer. `apply_tensor_parallel(model, group)`
 slices the weights each rank keeps and divides every attention module's head count; the
@@ -72,10 +72,11 @@ class ParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "column" or self.tp_size == 1:
             return super().forward(x)
-        y = torch.nn.functional.linear(x, self.weight)
+        # rank 0 adds the bias in the GEMM's epilogue; the all-reduce then counts it exactly once
+        y = torch.nn.functional.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.communicate:
             dist.all_reduce(y, group=self.group)
-        return y if self.bias is None else y + self.bias
+        return y
 
 
 def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = None, *,
