@@ -1,13 +1,14 @@
-"""The `characters` command: presets, demo, bench (and serve, from deployments/)."""
+"""The model-level commands of `characters`: presets and demo (`serve` is added by deployments.cli)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from characters.config import MODEL_PRESETS, TOPOLOGIES, session_config
+from characters.config import MODEL_PRESETS, TOPOLOGIES, explain, session_config
 
 
 def _presets(_: argparse.Namespace) -> int:
@@ -22,7 +23,7 @@ def _presets(_: argparse.Namespace) -> int:
             try:
                 cfg = session_config(name, topo)
             except ValueError as err:
-                print(f"{name:<9} {'':>8} {'':>10} {'':>9} {'':>6} {'':>5} {'':>11} {topo:>8}  n/a: {err}")
+                print(f"{name:<9} {'':>8} {'':>10} {'':>9} {'':>6} {'':>5} {'':>11} {topo:>8}  n/a: {explain(err)}")
                 continue
             c = chunk_cost(cfg)
             print(f"{name:<9} {c.params / 1e9:>7.3f}B {g.width:>5}x{g.height:<4} {c.tokens_per_chunk:>9} "
@@ -51,7 +52,8 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
+    """The parser; `extend(subparsers)` lets a higher layer add its commands (deployments adds `serve`)."""
     p = argparse.ArgumentParser(prog="characters", description="Real-time video characters.")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("presets", help="print each preset's size, resolution, tokens and FLOPs per chunk").set_defaults(
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     d.add_argument("--cache-mode", choices=["write_time", "naive"], default=None)
     d.set_defaults(func=_demo)
+    if extend is not None:
+        extend(sub)
     return p
 
 

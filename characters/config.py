@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -315,6 +315,13 @@ TOPOLOGIES: dict[str, TopologyConfig] = {
     "h100x4": TopologyConfig(name="h100x4", dit_ranks=3, decoder_gpus=1, accelerator="H100"),
     "h100x5": TopologyConfig(name="h100x5", dit_ranks=4, decoder_gpus=1, accelerator="H100"),
 }
+
+
+def explain(err: ValidationError | ValueError) -> str:
+    """A config error as one readable line (pydantic's wrapping removed)."""
+    if isinstance(err, ValidationError):
+        return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
+    return str(err)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -116,6 +116,9 @@ class NoCapacity(Exception):
         self.retry_after_s = retry_after_s
         self.code = code
 
+    def __reduce__(self) -> tuple[type[NoCapacity], tuple[str, float, str]]:  # survives Ray's pickling
+        return (type(self), (str(self.args[0]), self.retry_after_s, self.code))
+
 
 class UnknownSession(KeyError):
     def __init__(self, session_id: str) -> None:
@@ -124,3 +127,6 @@ class UnknownSession(KeyError):
 
     def __str__(self) -> str:
         return f"no session with id {self.session_id!r}"
+
+    def __reduce__(self) -> tuple[type[UnknownSession], tuple[str]]:
+        return (type(self), (self.session_id,))

@@ -246,6 +246,7 @@ class Simulation:
         self.provisioning = 0
         self.idle_since: dict[str, float] = {}
         self.next_node = 0
+        self.ready_gpus = 0  # GPUs of the nodes in the ledger (provisioning ones excluded)
         self.n_requests = 0
         self.busy_gpus = 0
         self.gpu_seconds = 0.0
@@ -269,6 +270,7 @@ class Simulation:
         node_id = f"node-{self.next_node:05d}"
         self.next_node += 1
         self.ledger.add(NodeCapacity(node_id, free=dict(total), total=total))
+        self.ready_gpus += int(total["GPU"])
         self.idle_since[node_id] = self.now
 
     def nodes_up(self) -> int:
@@ -315,6 +317,7 @@ class Simulation:
                 r.rejected += counted
         if self.now >= 0.0:
             r.peak_running = max(r.peak_running, len(self.sessions))
+            r.max_busy_gpus = max(r.max_busy_gpus, self.busy_gpus)
         if self.check:
             self.assert_consistent()
 
@@ -323,8 +326,6 @@ class Simulation:
         total = sum(to_units(n.total["GPU"]) for n in self.ledger.nodes.values())
         assert used == self.busy_gpus * 10_000 <= total, (used, self.busy_gpus, total)
         assert all(to_units(v) >= 0 for n in self.ledger.nodes.values() for v in n.free.values())
-        self.result.max_busy_gpus = max(self.result.max_busy_gpus, self.busy_gpus)
-        self.result.max_total_gpus = max(self.result.max_total_gpus, total // 10_000)
 
     # --------------------------------------------------------------------------- the scheduler's loop
 
@@ -332,7 +333,7 @@ class Simulation:
         if not len(self.queue):
             return
         if self.ledger.free_bundles() == 0 and min(r.deadline for r in self.queue) > self.now:
-            return  # drain could only Admit (nothing fits) or Expire (nothing due): it would decide nothing
+            return  # drain only Admits or Expires: nothing fits and nothing is due, so it would decide nothing
         view = self.ledger.view(len(self.queue))
         decisions = drain(view, self.queue, self.now)
         after, self.queue = commit(view, self.queue, decisions)
@@ -377,7 +378,7 @@ class Simulation:
         for node_id in idle:
             if self.nodes_up() <= self.fleet.min_nodes or self.per_node * (self.nodes_up() - 1) < wanted:
                 break
-            self.ledger.remove(node_id)
+            self.ready_gpus -= int(self.ledger.remove(node_id).total["GPU"])
             del self.idle_since[node_id]
 
     def run(self) -> Result:
@@ -411,6 +412,7 @@ class Simulation:
                 self.push(at + self.fleet.tick_s, "tick")
             if at >= 0.0:
                 self.result.max_nodes = max(self.result.max_nodes, self.nodes_up())
+                self.result.max_total_gpus = max(self.result.max_total_gpus, self.ready_gpus)
         self.advance(horizon)
         r = self.result
         r.still_queued = sum(q.arrived_at >= 0.0 for q in self.queue)
@@ -467,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         results = list(pool.map(_run, runs))
     wall = time.perf_counter() - started
+    for r in results:  # every request is accounted for, and no more GPUs were busy than were up
+        assert r["admitted"] + r["rejected"] + r["expired"] + r["still_queued"] == r["arrivals"], r
+        assert r["max_busy_gpus"] <= r["max_total_gpus"], r
 
     header = (f"{'topology':8} {'fleet':10} {'cap/ideal':>9} {'nodes avg/max':>13} {'GPU util':>8} {'arrivals':>8} "
               f"{'refused':>7} {'(full':>6} {'expired)':>8} {'wait p50':>8} {'wait p99':>8} {'peak run':>8}")

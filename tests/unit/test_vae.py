@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from characters.config import MODEL_PRESETS, VAEConfig
 from characters.vae import (
     CausalConv3d,
     CausalDecoder,
+    DecoderState,
     FrameAttention,
     VAEEncoder,
     decoder_flops_per_chunk,
     decoder_param_count,
 )
 
-SMALL = VAEConfig(latent_channels=4, base_channels=4, channel_mult=(1, 2, 2, 2), num_res_blocks=1, encoder_base_channels=4)
+SMALL = VAEConfig(
+    latent_channels=4, base_channels=4, channel_mult=(1, 2, 2, 2), num_res_blocks=1, encoder_base_channels=4
+)
 TINY = MODEL_PRESETS["tiny"]
 LATENT_HW = (3, 5)  # (h, w) of the small tests' latents
 
@@ -31,7 +35,7 @@ def _latents(frames: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(1, SMALL.latent_channels, frames, *LATENT_HW, generator=g)  # (B, C, T, h, w)
 
 
-def _stream(decoder: CausalDecoder, z: torch.Tensor, chunk: int, state=None) -> torch.Tensor:
+def _stream(decoder: CausalDecoder, z: torch.Tensor, chunk: int, state: DecoderState | None = None) -> torch.Tensor:
     state = state or decoder.init_state(1, *LATENT_HW, "cpu", torch.float32)
     parts = [decoder.decode_chunk(z[:, :, i : i + chunk], state) for i in range(0, z.shape[2], chunk)]
     return torch.cat(parts, dim=2)  # (B, 3, 4T, 8h, 8w)
@@ -43,6 +47,7 @@ def test_streaming_equals_whole_sequence(decoder: CausalDecoder, chunk: int) -> 
     z = _latents(3 * chunk)  # three chunks
     whole = decoder.decode(z)
     assert whole.shape == (1, 3, 4 * 3 * chunk, 8 * LATENT_HW[0], 8 * LATENT_HW[1])
+    assert whole.std() > 0.05 and (whole.abs() < 1).float().mean() > 0.5  # not a constant or saturated output
     torch.testing.assert_close(_stream(decoder, z, chunk), whole, atol=1e-5, rtol=0)
 
 
@@ -79,6 +84,16 @@ def test_caches_hold_the_last_two_input_frames(decoder: CausalDecoder) -> None:
     torch.testing.assert_close(state.caches[first.slot], z[:, :, 1:3], atol=0, rtol=0)
     assert len(state.caches) == len(decoder.cached_convs)
     assert all(c.shape[2] == 2 for c in state.caches)
+
+
+@pytest.mark.parametrize("kernel", [(3, 3, 3), (3, 1, 1), (1, 3, 3)])
+@torch.inference_mode()
+def test_cpu_per_tap_convolution_equals_conv3d(kernel: tuple[int, int, int]) -> None:
+    torch.manual_seed(0)
+    conv = CausalConv3d(5, 6, kernel, scale=1, frames=1)
+    x = torch.randn(2, 5, 4 + kernel[0] - 1, 7, 9)  # (B, cin, T + kt - 1, h, w); B = 2 takes the copying path
+    expected = F.conv3d(x, conv.weight, conv.bias, padding=conv.padding)  # what runs on GPUs
+    torch.testing.assert_close(conv._conv_cpu(x), expected, atol=1e-5, rtol=1e-5)
 
 
 @torch.inference_mode()
@@ -140,7 +155,8 @@ def test_large_decoder_is_of_wan21_size(preset: str) -> None:
     count = sum(p.numel() for p in decoder.parameters())
     assert 60e6 < count < 80e6  # Wan2.1's VAE decoder has ~70M
     assert decoder_param_count(cfg) == count
-    assert len(decoder.cached_convs) == 2 + 2 * (2 + 2 + 4 * 3) + 2  # conv_in, mid + stages, 2 time convs, conv_out
+    # conv_in, 2 mid blocks of 2 convs, 4 stages of 3 blocks of 2 convs, 2 time convs, conv_out
+    assert len(decoder.cached_convs) == 1 + 2 * 2 + 4 * 3 * 2 + 2 + 1
 
 
 @torch.inference_mode()

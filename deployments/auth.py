@@ -1,0 +1,131 @@
+"""Bearer API keys (`CHARACTERS_API_KEYS`, declared here with `deployments.settings.EnvVar`).
+
+`CHARACTERS_API_KEYS` is a comma-separated list of `key_id:key` pairs (e.g. `backend:4f9c...,ops:77ab...`);
+a bare `key` gets the id `key-<first 8 hex of its SHA-256>`. Unset or empty: no keys, the API is open.
+Keys live in memory only as SHA-256 digests; a presented key is hashed and compared with every stored
+digest by `hmac.compare_digest`. Only the key *id* ever leaves this module (into `SessionSpec.api_key_id`
+and logs), never a key or a digest.
+
+When keys are configured every route except `/healthz` needs `Authorization: Bearer <key>` (HTTP) or
+`authorization: Bearer <key>` metadata (gRPC).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from deployments.errors import ApiError, ErrorCode
+from deployments.settings import EnvVar
+
+API_KEYS = EnvVar("CHARACTERS_API_KEYS", str, "", "comma-separated key_id:key pairs (or bare keys); empty: no auth")
+API_KEYS_ENV = API_KEYS.name
+OPEN_PATHS = frozenset({"/healthz"})
+MIN_KEY_LENGTH = 16
+_KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """The configured keys as (key id, SHA-256 digest) pairs. Empty: authentication is off."""
+
+    entries: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.entries)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(key_id for key_id, _ in self.entries)
+
+    @classmethod
+    def parse(cls, spec: str) -> ApiKeys:
+        """Parse the `CHARACTERS_API_KEYS` syntax; a ValueError names the entry by position, never its key."""
+        entries: list[tuple[str, bytes]] = []
+        for n, raw in enumerate(part.strip() for part in spec.split(",")):
+            if not raw:
+                continue
+            key_id, sep, key = raw.partition(":")
+            if not sep:
+                key, key_id = raw, f"key-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
+            if not _KEY_ID.match(key_id):
+                raise ValueError(f"{API_KEYS_ENV} entry {n + 1}: key id {key_id!r} must be 1-64 characters of "
+                                 "letters, digits, '.', '_' or '-'")
+            if len(key) < MIN_KEY_LENGTH or any(c.isspace() for c in key):
+                raise ValueError(f"{API_KEYS_ENV} entry {n + 1} (id {key_id!r}): the key must be at least "
+                                 f"{MIN_KEY_LENGTH} characters without spaces; generate one with "
+                                 "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+            if key_id in (e[0] for e in entries):
+                raise ValueError(f"{API_KEYS_ENV} entry {n + 1}: key id {key_id!r} appears twice; ids must be unique")
+            entries.append((key_id, _digest(key)))
+        return cls(tuple(entries))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiKeys:
+        return cls.parse(API_KEYS.get() if environ is None else environ.get(API_KEYS_ENV, ""))
+
+    @classmethod
+    def from_keys(cls, pairs: Iterable[tuple[str, str]]) -> ApiKeys:
+        """From (key id, key) pairs (tests, embedding)."""
+        return cls(tuple((key_id, _digest(key)) for key_id, key in pairs))
+
+    def key_id(self, key: str) -> str | None:
+        """The id of `key`, or None. Compares against every digest (no early exit on a match)."""
+        presented = _digest(key)
+        found: str | None = None
+        for key_id, digest in self.entries:
+            if hmac.compare_digest(presented, digest):
+                found = key_id
+        return found
+
+    def authenticate(self, authorization: str | None) -> str | None:
+        """Check an `Authorization` header value. Returns the key id (None when auth is off); raises ApiError 401."""
+        if not self.enabled:
+            return None
+        if not authorization:
+            raise ApiError(401, ErrorCode.MISSING_API_KEY,
+                           "this server requires an API key; send the header 'Authorization: Bearer <key>'")
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, ErrorCode.MISSING_API_KEY,
+                           f"the Authorization header must be 'Bearer <key>', got scheme {scheme[:16]!r}")
+        key_id = self.key_id(key.strip())
+        if key_id is None:
+            raise ApiError(401, ErrorCode.INVALID_API_KEY,
+                           "the API key is not valid; check it, or ask the operator for a key")
+        return key_id
+
+
+class BearerAuthMiddleware:
+    """ASGI middleware: enforce `ApiKeys` on every HTTP route but `OPEN_PATHS`; put the key id in the scope.
+
+    The route reads it as `request.state.api_key_id` (None when keys are off).
+    """
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        key_id: str | None = None
+        if scope["path"] not in OPEN_PATHS:
+            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+            try:
+                key_id = self.keys.authenticate(header)
+            except ApiError as err:
+                await err.response()(scope, receive, send)
+                return
+        scope.setdefault("state", {})["api_key_id"] = key_id
+        await self.app(scope, receive, send)

@@ -1,0 +1,225 @@
+"""The chunk loop: a Ray Compiled Graph over one slot's workers, and the paced loop that drives it.
+
+Graph (built once per session by `CompiledPipeline`, torn down at its end; the actors stay warm):
+
+    InputNode: ChunkInput(session, k, pcm)
+      ├─> DiTWorker[0].step ── Latents (handoff.bind: NCCL on GPUs, shared memory on CPUs) ──┐
+      ├─> DiTWorker[r].step ── Ack (binds rank r >= 1, so its errors surface) ───────────────┴─> DecoderWorker.decode
+      │                                                                                            │ Frames
+      └──────────────────────────────────────────────── (chunk k's audio) ────────────────────> RoomWorker.publish
+                                                                                                   │
+                                                                                        ChunkReport (the output)
+
+Every rank gets the same input and steps at once (their all-reduces meet). The driver submits chunk
+k+1 before it fetches chunk k (`depth` chunks in flight), so the DiT makes k+1 while the decoder
+decodes k and the room publishes k-1.
+
+The driver uses the graph's synchronous API from the session's loop thread: in Ray 2.60 the asyncio
+API (`execute_async`) resolves a failed execution with a `RayChannelError` *value*, which
+`CompiledDAGFuture.__await__` then tries to iterate (TypeError), losing which actor died; the
+synchronous `CompiledDAGRef.get` raises `ActorDiedError` naming the actor within milliseconds.
+
+`ActorCallPipeline` is the same interface over plain actor calls (`graph="actor_calls"`), kept as the
+fallback and as the baseline the benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayChannelTimeoutError, RayError, RayTaskError
+
+from deployments import handoff
+from deployments.handoff import ResolvedTransport
+from deployments.workers import ChunkInput, ChunkReport
+
+log = logging.getLogger(__name__)
+
+
+class ChunkFailure(RuntimeError):
+    """The chunk pipeline broke: `reason` is a machine-readable code, the message says what happened."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def classify(err: BaseException) -> ChunkFailure:
+    """A Ray error from the graph -> a ChunkFailure whose reason says why (actor_died, chunk_timeout, ...)."""
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, RayActorError):
+        cls = getattr(getattr(err, "_actor_init_failed", None), "class_name", None) or _class_name(str(err))
+        return ChunkFailure("actor_died", f"{cls or 'a worker'} died ({type(err).__name__})")
+    if isinstance(err, (GetTimeoutError, RayChannelTimeoutError, TimeoutError)):
+        return ChunkFailure("chunk_timeout", first_line)
+    if isinstance(err, RayTaskError):
+        return ChunkFailure("worker_error", f"{err.function_name} raised {type(err.cause).__name__}: {err.cause}")
+    return ChunkFailure("pipeline_error", f"{type(err).__name__}: {first_line}")
+
+
+def _class_name(text: str) -> str | None:
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("class_name:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+class Pipeline(Protocol):
+    def submit(self, inp: ChunkInput) -> None: ...
+
+    def fetch(self, timeout_s: float) -> ChunkReport: ...  # the oldest chunk in flight
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Workers:
+    """Handles of one slot's workers (rank order) and how latents travel between them."""
+
+    dits: Sequence[Any]
+    decoder: Any
+    room: Any
+    transport: ResolvedTransport
+
+    def named(self) -> list[tuple[str, Any]]:
+        return [*((f"DiTWorker rank {r}", d) for r, d in enumerate(self.dits)), ("DecoderWorker", self.decoder),
+                ("RoomWorker", self.room)]
+
+    def diagnose(self, failure: ChunkFailure, timeout_s: float = 1.0) -> ChunkFailure:
+        """Name the dead actor behind a failure that does not (a closed channel after the graph's
+        monitor tore it down): ping every worker, the first that cannot answer is the culprit."""
+        if failure.reason == "actor_died":
+            return failure
+        named = self.named()
+        refs = [actor.ping.remote() for _, actor in named]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for (name, _), ref in zip(named, refs, strict=True):
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError as err:
+                return ChunkFailure("actor_died", f"{name} died ({type(err).__name__}; the graph said: {failure})")
+            except RayError:
+                continue  # still busy or timed out: not known dead
+        return failure
+
+
+class CompiledPipeline:
+    """The chunk graph compiled with `ray.dag` (see the module docstring)."""
+
+    def __init__(self, workers: Workers, *, depth: int, buffer_bytes: int, teardown_timeout_s: int) -> None:
+        from ray.dag import DAGContext, InputNode
+
+        self.workers = workers
+        DAGContext.get_current().teardown_timeout = teardown_timeout_s  # RAY_CGRAPH_teardown_timeout
+        with InputNode() as inp:
+            outs = [w.step.bind(inp) for w in workers.dits]
+            latents = handoff.bind(outs[0], workers.transport)
+            frames = workers.decoder.decode.bind(latents, *outs[1:])
+            report = workers.room.publish.bind(inp, frames)
+        try:
+            self.dag = report.experimental_compile(_buffer_size_bytes=buffer_bytes,
+                                                   _max_inflight_executions=depth + 1)
+        except RayError as err:
+            raise classify(err) from err
+        self.refs: deque[Any] = deque()
+
+    def submit(self, inp: ChunkInput) -> None:
+        try:
+            self.refs.append(self.dag.execute(inp))
+        except RayError as err:
+            raise self.workers.diagnose(classify(err)) from err
+
+    def fetch(self, timeout_s: float) -> ChunkReport:
+        try:
+            return self.refs.popleft().get(timeout=timeout_s)
+        except RayError as err:
+            raise self.workers.diagnose(classify(err)) from err
+
+    def close(self) -> None:
+        """Tear the graph down; the actors stay alive (a returned slot serves the next session)."""
+        self.refs.clear()
+        try:
+            self.dag.teardown(kill_actors=False)
+        except RayError as err:  # a dead actor: the slot is removed anyway
+            log.warning("compiled graph teardown: %s", classify(err))
+
+
+class ActorCallPipeline:
+    """The same chunk flow over plain actor calls (one task per worker per chunk)."""
+
+    def __init__(self, workers: Workers) -> None:
+        self.w = workers
+        self.refs: deque[Any] = deque()
+
+    def submit(self, inp: ChunkInput) -> None:
+        ref = ray.put(inp)
+        outs = [w.step.remote(ref) for w in self.w.dits]
+        frames = self.w.decoder.decode.remote(*outs)
+        self.refs.append(self.w.room.publish.remote(ref, frames))
+
+    def fetch(self, timeout_s: float) -> ChunkReport:
+        try:
+            return ray.get(self.refs.popleft(), timeout=timeout_s)
+        except RayError as err:
+            raise self.w.diagnose(classify(err)) from err
+
+    def close(self) -> None:
+        self.refs.clear()
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    reason: str  # why the loop stopped: the stop reason, "max_duration", or a ChunkFailure reason
+    failure: ChunkFailure | None
+    submitted: int
+
+
+def run_chunk_loop(
+    pipeline: Pipeline,
+    *,
+    session_id: str,
+    audio: Callable[[int], np.ndarray],
+    chunk_s: float,
+    depth: int,
+    max_duration_s: float,
+    fetch_timeout_s: float,
+    clock: Callable[[], float],
+    wait: Callable[[float], object],
+    stop_reason: Callable[[], str | None],
+    on_report: Callable[[ChunkReport, float], None],
+) -> LoopResult:
+    """Submit chunk k at t0 + k * chunk_s (against `clock`), keep `depth` chunks in flight, hand each
+    report and its submit time to `on_report`. Stops on `stop_reason()`, at `max_duration_s`, or at
+    the first failure; chunks already in flight are still fetched on a stop."""
+    t0 = clock()
+    k = 0
+    inflight: deque[float] = deque()  # submit times
+    reason: str | None = None
+    try:
+        while True:
+            reason = stop_reason() or ("max_duration" if clock() - t0 >= max_duration_s else None)
+            if reason is not None:
+                break
+            pipeline.submit(ChunkInput(session_id, k, audio(k)))
+            inflight.append(clock())
+            k += 1
+            if len(inflight) >= depth:
+                report = pipeline.fetch(fetch_timeout_s)
+                on_report(report, inflight.popleft())
+            wait(t0 + k * chunk_s - clock())
+        while inflight:
+            report = pipeline.fetch(fetch_timeout_s)
+            on_report(report, inflight.popleft())
+    except ChunkFailure as failure:
+        return LoopResult(failure.reason, failure, k)
+    return LoopResult(reason, None, k)

@@ -1,0 +1,152 @@
+"""Cluster helpers: a local Ray cluster on loopback, and slots (one placement group with its workers).
+
+A slot is built in the worker stages' order (STYLE 6) and is ready only when every worker is:
+
+    reserve placement group (STRICT_PACK, from bundles_for) -> create actors, one per role, in their bundles
+    -> init_device (all) -> init_process_group (DiT ranks; rank 0 picks the port) -> load_weights (all)
+    -> warm_up (all at once: DiT ranks all-reduce)
+
+Any failure or timeout on the way destroys what was made (actors killed, placement group removed).
+GPU workers take `num_cpus=0` and their bundle's GPU (half of it each when the decoder shares DiT
+rank 0's GPU); on a CPU-only cluster the same code takes the bundle's CPU instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from characters.config import SessionConfig
+from deployments.handoff import resolve_transport
+from deployments.pipeline import Workers
+from deployments.settings import ServiceConfig
+from deployments.types import NAMESPACE
+from deployments.workers import DecoderWorker, DiTWorker, RoomWorker
+from placement.actor import node_of, release, reserve
+from placement.bundles import PlacementSpec, bundles_for
+
+# Ray binds GCS and raylet to the machine's outward interface even when asked for 127.0.0.1; this
+# keeps a local cluster on loopback (see NOTES.md).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def init_local(*, num_cpus: int | None = None, num_gpus: int = 0, dashboard: bool = False, **kwargs: Any) -> None:
+    """Start a local single-node Ray on 127.0.0.1 with `num_gpus` logical GPUs (tests, benchmarks, CLI)."""
+    os.environ.update(LOOPBACK_ENV)
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard,
+             _node_ip_address="127.0.0.1", namespace=NAMESPACE, **kwargs)
+
+
+def cluster_has_gpus() -> bool:
+    return float(ray.cluster_resources().get("GPU", 0.0)) > 0
+
+
+@dataclass
+class Slot:
+    """A placement group whose workers are loaded and warm; it outlives sessions."""
+
+    slot_id: str
+    spec: PlacementSpec
+    pg: Any  # ray.util.placement_group.PlacementGroup
+    dits: list[Any]
+    decoder: Any
+    room: Any
+    node_id: str | None = None
+    device: str = "cpu"
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+    build_s: float = 0.0
+
+    def actors(self) -> list[Any]:
+        return [*self.dits, self.decoder, self.room]
+
+    def workers(self, service: ServiceConfig) -> Workers:
+        transport = resolve_transport(service.transport, self.device, self.spec.decoder_shares_gpu)
+        return Workers(self.dits, self.decoder, self.room, transport)
+
+    def strategy(self, role_bundle: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=role_bundle,
+                                                placement_group_capture_child_tasks=False)
+
+
+def _share(spec: PlacementSpec, bundle: int, use_gpus: bool) -> dict[str, float]:
+    """A worker's resources: its bundle's GPU (or CPU), halved when two roles share the bundle."""
+    part = 1.0 / len(spec.role_of(bundle))
+    return {"num_gpus": part, "num_cpus": 0} if use_gpus else {"num_gpus": 0, "num_cpus": part}
+
+
+async def _all(calls: Iterable[Awaitable[Any]], timeout_s: float, what: str) -> list[Any]:
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*calls))
+
+    try:
+        return await asyncio.wait_for(gather(), timeout_s)
+    except TimeoutError as err:
+        raise TimeoutError(f"slot stage {what!r} did not finish in {timeout_s:.0f} s (worker_timeout_s); "
+                           "raise it for large models, or check the workers' logs") from err
+
+
+async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *, use_gpus: bool,
+                     node_id: str | None = None) -> Slot:
+    """Reserve, populate and warm one slot (see the module docstring); destroys it on any failure."""
+    t0 = time.monotonic()
+    spec = bundles_for(cfg, use_gpus=use_gpus)
+    pg = await reserve(spec, name=slot_id, node_id=node_id, timeout_s=service.placement_timeout_s)
+    slot = Slot(slot_id, spec, pg, [], None, None)
+    try:
+        auto = service.dtype is None
+        ranks = spec.dit_ranks
+        for r in range(ranks):
+            b = spec.bundle_of("dit", r)
+            slot.dits.append(ray.remote(DiTWorker).options(
+                name=f"{slot_id}.dit{r}", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
+                **_share(spec, b, use_gpus)).remote(cfg, rank=r, ranks=ranks, use_gpus=use_gpus, auto_dtype=auto))
+        b = spec.bundle_of("decoder")
+        slot.decoder = ray.remote(DecoderWorker).options(
+            name=f"{slot_id}.decoder", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
+            **_share(spec, b, use_gpus)).remote(cfg, use_gpus=use_gpus, auto_dtype=auto)
+        b = spec.bundle_of("room")
+        slot.room = ray.remote(RoomWorker).options(
+            name=f"{slot_id}.room", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
+            num_cpus=cfg.topology.room_cpus / 2).remote(cfg)
+        limit = service.worker_timeout_s
+        devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
+        slot.device = devices[0]
+        port = await slot.dits[0].free_port.remote()
+        await _all([*(w.init_process_group.remote(port) for w in slot.dits), slot.decoder.init_process_group.remote()],
+                   limit, "init_process_group")
+        await _all((w.load_weights.remote() for w in [*slot.dits, slot.decoder]), limit, "load_weights")
+        await _all((w.warm_up.remote() for w in [*slot.dits, slot.decoder]), limit, "warm_up")
+        stages = await _all((w.stages.remote() for w in [*slot.dits, slot.decoder]), limit, "stages")
+        slot.stages = {f"dit{r}": s for r, s in enumerate(stages[:ranks])} | {"decoder": stages[-1]}
+        slot.node_id = node_of(pg) or node_id
+        slot.build_s = time.monotonic() - t0
+        return slot
+    except BaseException:
+        destroy_slot(slot)
+        raise
+
+
+async def reset_slot(slot: Slot, timeout_s: float) -> bool:
+    """Wipe every worker's session state (KV cache, audio, decoder state; room closed). False on failure."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(w.reset.remote() for w in slot.actors())), timeout_s)
+    except (ray.exceptions.RayError, TimeoutError):
+        return False
+    return True
+
+
+def destroy_slot(slot: Slot, extra_actors: Iterable[Any] = ()) -> None:
+    """Kill every actor of the slot (and `extra_actors`, e.g. its session actor); remove its placement group."""
+    for actor in [*slot.actors(), *extra_actors]:
+        if actor is not None:
+            with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already dead
+                ray.kill(actor, no_restart=True)
+    release(slot.pg)

@@ -1,0 +1,545 @@
+"""SessionScheduler: the named, detached actor that admits sessions onto slots and tracks them.
+
+It applies the pure policy (`placement.decide` / `drain` / `commit`) to a ledger built from
+`ray.nodes()` and its own slots (`placement.actor.ledger`), and the `WarmPool` bookkeeping to its
+slots. Every decision runs under one asyncio lock with no await inside, so concurrent calls never
+over-commit. On every event (`_dispatch`), in order:
+
+    1. expire queued requests past their deadline (FAILED, queue_timeout)
+    2. hand free warm slots to admitted sessions waiting for a slot, then to the queue in FIFO order
+    3. admit queued requests that fit new capacity: a new (cold) slot each
+    4. with nobody waiting: retire free slots above the warm target, start slots up to it
+    5. publish demand (live slots + queued requests) to the autoscaler
+
+A session takes a free warm slot (warm start), else a new slot when a whole bundle is free (cold
+start), else queues (bounded, with a deadline) or is refused with `NoCapacity(retry_after_s)`. When
+it ends, its slot is reset (every worker wipes its session state) and returned to the pool, or
+removed (actors killed, placement group removed) when it is above target or any actor failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from deployments.pipeline import classify
+from deployments.runtime import Slot, build_slot, cluster_has_gpus, destroy_slot, reset_slot
+from deployments.session import Outcome, Report, SessionActor
+from deployments.settings import ServiceConfig
+from deployments.types import (
+    NAMESPACE,
+    SCHEDULER_NAME,
+    Capacity,
+    NoCapacity,
+    SessionEvent,
+    SessionInfo,
+    SessionSpec,
+    SessionStats,
+    SessionStatus,
+    UnknownSession,
+)
+from placement import (
+    AdmissionQueue,
+    Admit,
+    Enqueue,
+    Expire,
+    Lease,
+    PlacementSpec,
+    Reject,
+    Request,
+    WarmPool,
+    best_fit,
+    bundles_for,
+    decide,
+    drain,
+    free_bundles,
+)
+from placement.actor import PlacementTimeout, alive_nodes, ledger, publish_demand
+
+log = logging.getLogger(__name__)
+
+NODES_REFRESH_S = 5.0
+END_WAIT_S = 5.0  # end_session waits this long for the session to reach ENDED
+PENDING_AUDIO_MAX_BYTES = 16000 * 2 * 2 * 60  # audio held for a session not yet started: 60 s stereo 16 kHz
+
+
+class Refused(NoCapacity):
+    """`NoCapacity` that survives Ray's pickling: the base class's constructor takes three arguments but
+    its pickled form carries one, so the caller would get an UnserializableException instead."""
+
+    def __reduce__(self) -> tuple[type[Refused], tuple[str, float, str]]:
+        return (type(self), (str(self), self.retry_after_s, self.code))
+
+
+@dataclass
+class _Session:
+    info: SessionInfo
+    spec: SessionSpec
+    events: deque[SessionEvent]
+    bell: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) on every change
+    seq: int = 0
+    own_slot: str | None = None  # the slot its admission created (cold start)
+    lease: Lease | None = None
+    actor: Any = None
+    end_reason: str | None = None
+    pending_audio: list[tuple[bytes, int, int]] = field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.info.status.terminal
+
+
+@dataclass
+class _SlotRecord:
+    slot_id: str
+    admit: Admit  # what the slot holds in the ledger
+    slot: Slot | None = None  # None while building
+    built_for: str | None = None
+
+
+class SessionScheduler:
+    """Async Ray actor (see the module docstring); create it with `get_or_create_scheduler`."""
+
+    def __init__(self, service: ServiceConfig) -> None:
+        self.service = service
+        self.cfg = service.session_config()
+        self.lock = asyncio.Lock()
+        self.sessions: dict[str, _Session] = {}
+        self.slots: dict[str, _SlotRecord] = {}
+        self.pool = WarmPool(service.warm_slots)
+        self.queue = AdmissionQueue(service.queue_max)
+        self.waiting: list[str] = []  # admitted, waiting for a slot to become free
+        self.nodes: list[dict[str, Any]] = []
+        self.spec: PlacementSpec = bundles_for(self.cfg, use_gpus=bool(service.use_gpus))
+        self.use_gpus = service.use_gpus
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._demand: int | None = None
+        self._nodes_at = float("-inf")
+
+    # ------------------------------------------------------------------------------ the interface
+    async def create_session(self, spec: SessionSpec) -> SessionInfo:
+        await self._start()
+        self._validate(spec)
+        async with self.lock:
+            old = self.sessions.get(spec.session_id)
+            if old is not None and not old.terminal:
+                raise ValueError(f"session {spec.session_id!r} already exists ({old.info.status}); use another id")
+            self._check_quota(spec)
+            now = time.monotonic()
+            self._dispatch(now)
+            sess = _Session(SessionInfo(spec.session_id, SessionStatus.QUEUED, spec.preset), spec,
+                            deque(maxlen=self.service.events_max))
+            lease = self.pool.acquire() if not self.waiting and not len(self.queue) else None
+            if lease is not None:
+                self.sessions[spec.session_id] = sess
+                self._start_on(sess, lease)
+                return sess.info
+            if not len(self.queue) and self.pool.counts()["warming"] > len(self.waiting):
+                self.sessions[spec.session_id] = sess  # a warm-pool slot is on its way: take it when ready
+                self.waiting.append(spec.session_id)
+                self._status(sess, SessionStatus.STARTING, "warming")
+                return sess.info
+            request = Request(spec.session_id, self.spec, now, now + self.service.queue_timeout_s)
+            decision = decide(self._ledger(), self.queue, request, now)
+            if isinstance(decision, Reject):
+                raise Refused(
+                    f"no whole bundle of {dict(self.spec.demand())} is free and the queue is full "
+                    f"({len(self.queue)}/{self.queue.max_len}); retry after {decision.retry_after_s:.0f} s",
+                    decision.retry_after_s)
+            if isinstance(decision, Expire):
+                raise Refused("the request expired before it was decided; retry", 1.0)
+            self.sessions[spec.session_id] = sess
+            if isinstance(decision, Enqueue):
+                self.queue = self.queue.push(request)
+                sess.info.queue_position = decision.position
+                self._event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}")
+            else:
+                self._admit(decision, sess)
+            self._publish_demand()
+            return sess.info
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return self._get(session_id).info
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        return [s.info for s in self.sessions.values()]
+
+    async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
+        sess = self._get(session_id)
+        if sess.terminal:
+            return sess.info
+        async with self.lock:
+            if session_id in self.queue or session_id in self.waiting:
+                self.queue = self.queue.remove(session_id)
+                self.waiting = [w for w in self.waiting if w != session_id]
+                self._terminal(sess, SessionStatus.ENDED, reason)
+                self._dispatch(time.monotonic())
+                return sess.info
+            sess.end_reason = sess.end_reason or reason
+            if sess.actor is not None:
+                sess.actor.stop.remote(sess.end_reason)
+        await self._wait_terminal(sess, END_WAIT_S)
+        return sess.info
+
+    async def capacity(self) -> Capacity:
+        await self._start()
+        nodes = self._ledger()
+        whole = [replace(n, free=dict(n.total)) for n in nodes]
+        running = sum(s.lease is not None and not s.terminal for s in self.sessions.values())
+        return Capacity(bundles_total=free_bundles(whole, self.spec), bundles_free=free_bundles(nodes, self.spec),
+                        sessions_running=running, queued=len(self.queue),
+                        warm_slots_free=self.pool.counts()["free"])
+
+    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
+        sess = self._get(session_id)
+        if not 8000 <= sample_rate <= 192000 or not 1 <= channels <= 8 or len(pcm) % (2 * channels):
+            raise ValueError(
+                f"audio of {len(pcm)} bytes at sample_rate={sample_rate}, channels={channels}: need 16-bit PCM with "
+                "8000..192000 Hz, 1..8 channels and a whole number of frames (bytes divisible by 2 * channels)")
+        if sess.terminal:
+            return
+        if sess.actor is None:
+            held = sum(len(p) for p, _, _ in sess.pending_audio) + len(pcm)
+            if held > PENDING_AUDIO_MAX_BYTES:
+                raise ValueError(f"session {session_id!r} is {sess.info.status} and already holds {held} bytes of "
+                                 f"audio (limit {PENDING_AUDIO_MAX_BYTES}); wait until it is RUNNING")
+            sess.pending_audio.append((pcm, sample_rate, channels))
+            return
+        with contextlib.suppress(ray.exceptions.RayActorError):  # ending: its run reports the end
+            await sess.actor.push_audio.remote(pcm, sample_rate, channels)
+
+    async def clear_audio(self, session_id: str) -> None:
+        sess = self._get(session_id)
+        sess.pending_audio.clear()
+        if sess.actor is not None and not sess.terminal:
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                await sess.actor.clear_audio.remote()
+
+    async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
+        sess = self._get(session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        while True:
+            bell = sess.bell
+            out = [e for e in sess.events if e.seq > after_seq]
+            remaining = deadline - loop.time()
+            if out or sess.terminal or remaining <= 0:
+                return out
+            try:
+                await asyncio.wait_for(bell.wait(), remaining)
+            except TimeoutError:
+                return []
+
+    # ------------------------------------------------------------------------------ from sessions and ops
+    async def report(self, session_id: str, report: Report) -> None:
+        """A session actor's periodic report: events, stats, and its end once known."""
+        sess = self.sessions.get(session_id)
+        if sess is None or sess.terminal:
+            return
+        sess.info.stats, sess.info.started_at = report.stats, report.started_at or sess.info.started_at
+        for d in report.events:
+            if d.kind == "status" and d.status is not None and d.status.terminal:
+                self._terminal(sess, d.status, d.detail or "", report.stats)
+                break
+            if d.kind == "status" and d.status is not None:
+                sess.info.status = d.status
+            self._event(sess, d.kind, status=d.status, chunk=d.chunk, detail=d.detail, at=d.at)
+
+    async def debug_slots(self) -> list[dict[str, Any]]:
+        """Slots and their actors (tests and operators)."""
+        out = []
+        for rec in self.slots.values():
+            slot = rec.slot
+            users = [s.info.id for s in self.sessions.values() if s.lease and s.lease.slot_id == rec.slot_id
+                     and not s.terminal]
+            out.append({"slot_id": rec.slot_id, "state": self.pool.state(rec.slot_id), "node_id": rec.admit.node_id,
+                        "pg_id": slot.pg.id.hex() if slot else None, "actors": slot.actors() if slot else [],
+                        "stages": slot.stages if slot else {}, "build_s": slot.build_s if slot else None,
+                        "device": slot.device if slot else None, "sessions": users})
+        return out
+
+    async def shutdown(self) -> None:
+        """End every session, drop the queue, remove every slot (tests, redeploys)."""
+        for sess in list(self.sessions.values()):
+            if not sess.terminal:
+                await self.end_session(sess.info.id, "shutdown")
+        async with self.lock:
+            self.pool.set_target(0)
+            for rec in list(self.slots.values()):
+                self.pool.fail(rec.slot_id)
+                self._remove_slot(rec.slot_id)
+            self._publish_demand()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------------------ decisions (lock held)
+    def _dispatch(self, now: float) -> None:
+        for d in drain(self._ledger(), self.queue, now):
+            if isinstance(d, Expire):
+                waited = now - next(r.arrived_at for r in self.queue if r.request_id == d.request_id)
+                self.queue = self.queue.remove(d.request_id)
+                self._terminal(self.sessions[d.request_id], SessionStatus.FAILED,
+                               f"queue_timeout: no bundle freed within {waited:.0f} s (queue_timeout_s)")
+        while self.waiting or len(self.queue):
+            lease = self.pool.acquire()
+            if lease is None:
+                break
+            if self.waiting:
+                sid = self.waiting.pop(0)
+            else:
+                sid = self.queue.ids[0]
+                self.queue = self.queue.remove(sid)
+            self._start_on(self.sessions[sid], lease)
+        for d in drain(self._ledger(), self.queue, now):
+            if isinstance(d, Admit):
+                self.queue = self.queue.remove(d.request_id)
+                self._admit(d, self.sessions[d.request_id])
+        if not self.waiting and not len(self.queue):
+            for slot_id in self.pool.surplus():
+                self.pool.retire(slot_id)
+                self._remove_slot(slot_id)
+            for _ in range(self.pool.deficit()):
+                node = best_fit(self._ledger(), self.spec.demand())
+                if node is None:
+                    break
+                self._new_slot(Admit(f"warm-{uuid.uuid4().hex[:8]}", node.node_id, self.spec.demand()), None)
+        for i, sid in enumerate(self.queue.ids):
+            self.sessions[sid].info.queue_position = i + 1
+        self._publish_demand()
+
+    def _admit(self, admit: Admit, sess: _Session) -> None:
+        """A whole bundle is free for `sess`: build a new slot for it (cold start)."""
+        sess.own_slot = self._new_slot(admit, sess.info.id)
+        self.waiting.append(sess.info.id)
+        sess.info.queue_position = None
+        self._status(sess, SessionStatus.STARTING, "cold")
+
+    def _new_slot(self, admit: Admit, built_for: str | None) -> str:
+        slot_id = f"slot-{uuid.uuid4().hex[:10]}"
+        self.slots[slot_id] = _SlotRecord(slot_id, admit, built_for=built_for)
+        self.pool.add(slot_id)
+        self._spawn(self._build(slot_id))
+        return slot_id
+
+    def _start_on(self, sess: _Session, lease: Lease) -> None:
+        sess.lease = lease
+        sess.info.warm_start = lease.slot_id != sess.own_slot
+        sess.info.queue_position = None
+        if sess.info.status is not SessionStatus.STARTING:
+            self._status(sess, SessionStatus.STARTING, "warm" if sess.info.warm_start else "cold")
+        self._spawn(self._run(sess))
+
+    def _remove_slot(self, slot_id: str) -> None:
+        """Kill the slot's actors (and any session actor on it) and remove its placement group."""
+        rec = self.slots.pop(slot_id, None)
+        if rec is not None and rec.slot is not None:
+            users = [s.actor for s in self.sessions.values() if s.lease and s.lease.slot_id == slot_id]
+            destroy_slot(rec.slot, users)
+        if self.pool.state(slot_id) == "draining":
+            self.pool.forget(slot_id)
+
+    def _ledger(self) -> tuple[Any, ...]:
+        used: dict[str, list[Any]] = {}
+        for rec in self.slots.values():
+            used.setdefault(rec.admit.node_id, []).append(rec.admit.demand)
+        return ledger(self.nodes, used)
+
+    def _publish_demand(self) -> None:
+        want = len(self.slots) + len(self.queue)
+        if want != self._demand:
+            self._demand = want
+            self._spawn(asyncio.to_thread(_publish_quietly, [self.spec] * want))
+
+    # ------------------------------------------------------------------------------ tasks
+    async def _build(self, slot_id: str) -> None:
+        rec = self.slots[slot_id]
+        use_gpus = bool(self.use_gpus)
+        try:
+            slot = await build_slot(slot_id, self.cfg, self.service, use_gpus=use_gpus, node_id=rec.admit.node_id)
+        except (PlacementTimeout, RayError, TimeoutError, ValueError, RuntimeError) as err:
+            async with self.lock:
+                self.pool.fail(slot_id)
+                self._remove_slot(slot_id)
+                reason = f"slot_failed: {classify(err) if isinstance(err, RayError) else err}"
+                log.warning("slot %s failed to build: %s", slot_id, reason)
+                while len(self.waiting) > self.pool.counts()["warming"]:
+                    self._terminal(self.sessions[self.waiting.pop()], SessionStatus.FAILED, reason)
+                self._dispatch(time.monotonic())
+            return
+        async with self.lock:
+            if slot_id not in self.slots:  # removed meanwhile (shutdown)
+                destroy_slot(slot)
+                return
+            rec.slot = slot
+            if slot.node_id and slot.node_id != rec.admit.node_id:
+                rec.admit = replace(rec.admit, node_id=slot.node_id)
+            if not self.pool.ready(slot_id):
+                self._remove_slot(slot_id)
+            self._dispatch(time.monotonic())
+
+    async def _run(self, sess: _Session) -> None:
+        assert sess.lease is not None
+        rec = self.slots[sess.lease.slot_id]
+        assert rec.slot is not None
+        slot = rec.slot
+        outcome = await self._drive(sess, slot)
+        healthy = outcome.healthy and await reset_slot(slot, self.service.chunk_timeout_s)
+        sess.info.stats = outcome.stats
+        async with self.lock:
+            self._terminal(sess, outcome.status, outcome.reason, outcome.stats)
+            if self.pool.release(sess.lease, healthy=healthy) == "remove":
+                self._remove_slot(slot.slot_id)
+            self._dispatch(time.monotonic())
+
+    async def _drive(self, sess: _Session, slot: Slot) -> Outcome:
+        spec = sess.spec
+        if sess.end_reason is not None:
+            return Outcome(SessionStatus.ENDED, sess.end_reason, True, SessionStats())
+        try:
+            path = str(self.service.output_path(spec.session_id, spec.output.path)) \
+                if spec.output.kind == "file" else None
+            actor: Any = ray.remote(SessionActor).options(
+                num_cpus=self.cfg.topology.room_cpus / 2, scheduling_strategy=slot.strategy(
+                    slot.spec.bundle_of("room"))).remote(spec, self.cfg, self.service, slot.workers(self.service),
+                                                         path, ray.get_runtime_context().current_actor)
+        except ValueError as err:
+            return Outcome(SessionStatus.FAILED, f"start_failed: {err}", True, SessionStats())
+        sess.actor = actor
+        for pcm, rate, channels in sess.pending_audio:
+            actor.push_audio.remote(pcm, rate, channels)
+        sess.pending_audio.clear()
+        if sess.end_reason is not None:
+            actor.stop.remote(sess.end_reason)
+        try:
+            outcome: Outcome = await actor.run.remote()
+            return outcome
+        except RayError as err:
+            return Outcome(SessionStatus.FAILED, f"session_actor_died: {classify(err)}", False, sess.info.stats)
+        finally:
+            ray.kill(actor, no_restart=True)
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    async def _start(self) -> None:
+        if self._started:
+            return
+        async with self._start_lock:
+            if self._started:
+                return
+            self.nodes = await asyncio.to_thread(alive_nodes)
+            self._nodes_at = time.monotonic()
+            if self.use_gpus is None:
+                self.use_gpus = await asyncio.to_thread(cluster_has_gpus)
+                self.spec = bundles_for(self.cfg, use_gpus=self.use_gpus)
+            self._started = True
+            self._spawn(self._tick())
+            async with self.lock:
+                self._dispatch(time.monotonic())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.service.tick_s)
+            if time.monotonic() - self._nodes_at >= NODES_REFRESH_S:
+                nodes = await asyncio.to_thread(alive_nodes)
+                self._nodes_at = time.monotonic()
+                async with self.lock:
+                    self.nodes = nodes
+                    alive = {str(n["NodeID"]) for n in nodes}
+                    for rec in list(self.slots.values()):
+                        if rec.admit.node_id not in alive and self.pool.state(rec.slot_id) in ("free", "warming"):
+                            self.pool.fail(rec.slot_id)
+                            self._remove_slot(rec.slot_id)
+            async with self.lock:
+                self._dispatch(time.monotonic())
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduler task failed", exc_info=task.exception())
+
+    def _get(self, session_id: str) -> _Session:
+        sess = self.sessions.get(session_id)
+        if sess is None:
+            raise UnknownSession(session_id)
+        return sess
+
+    def _validate(self, spec: SessionSpec) -> None:
+        g = self.cfg.model.generation
+        if spec.preset != self.service.preset:
+            raise ValueError(f"preset={spec.preset!r} is not served here; this service serves {self.service.preset!r}")
+        if spec.image.shape != (g.height, g.width, 3) or spec.image.dtype.name != "uint8":
+            raise ValueError(f"image is {spec.image.shape} {spec.image.dtype}, the preset needs "
+                             f"({g.height}, {g.width}, 3) uint8; resize it with characters.media.load_image")
+        if spec.max_duration_s <= 0:
+            raise ValueError(f"max_duration_s={spec.max_duration_s} must be > 0")
+        if spec.output.kind == "file":
+            self.service.output_path(spec.session_id, spec.output.path)
+
+    def _check_quota(self, spec: SessionSpec) -> None:
+        limit = self.service.max_sessions_per_key
+        if not limit or spec.api_key_id is None:
+            return
+        live = sum(s.spec.api_key_id == spec.api_key_id and not s.terminal for s in self.sessions.values())
+        if live >= limit:
+            raise Refused(f"API key has {live} live sessions, the limit is {limit}; end one first", 5.0,
+                             code="quota_exceeded")
+
+    def _event(self, sess: _Session, kind: Any, **fields: Any) -> None:
+        sess.seq += 1
+        sess.events.append(SessionEvent(sess.seq, sess.info.id, kind, **fields))
+        bell, sess.bell = sess.bell, asyncio.Event()
+        bell.set()
+
+    def _status(self, sess: _Session, status: SessionStatus, detail: str | None = None) -> None:
+        sess.info.status = status
+        self._event(sess, "status", status=status, detail=detail)
+
+    def _terminal(self, sess: _Session, status: SessionStatus, reason: str, stats: SessionStats | None = None) -> None:
+        if sess.terminal:
+            return
+        sess.info.reason, sess.info.ended_at = reason, time.time()
+        if stats is not None:
+            sess.info.stats = stats
+        self._status(sess, status, reason)
+        ended = [s for s in self.sessions.values() if s.terminal]
+        for old in ended[: max(0, len(ended) - self.service.ended_max)]:
+            del self.sessions[old.info.id]
+
+    async def _wait_terminal(self, sess: _Session, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not sess.terminal and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(sess.bell.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                return
+
+
+def _publish_quietly(specs: list[PlacementSpec]) -> None:
+    try:
+        publish_demand(specs)
+    except (RayError, RuntimeError, ValueError) as err:
+        log.warning("could not publish demand of %d sessions to the autoscaler: %s", len(specs), err)
+
+
+def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME) -> Any:
+    """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one."""
+    return ray.remote(SessionScheduler).options(
+        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        max_concurrency=1000).remote(service)

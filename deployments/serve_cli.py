@@ -1,0 +1,164 @@
+"""`characters serve`: run the Serve application on a local Ray cluster (or the one in RAY_ADDRESS).
+
+    run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000) -> exit code
+
+- No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
+  service (tiny preset, CPU topology) unless the config says otherwise. With RAY_ADDRESS: joins that
+  cluster and deploys the app there.
+- `config_path`: a YAML file holding the app args of `deployments.app.build_app`
+  (`{service: {...}, api: {...}, ingress: {...}}`); None: the defaults plus CHARACTERS_* variables.
+- Prints the HTTP and gRPC addresses, then blocks until Ctrl-C or SIGTERM, then deletes the app
+  (joined cluster) or shuts Serve and Ray down (own cluster), and returns 0. Bad config: 2.
+- `grpc_port=0` turns the gRPC proxy off. Serve's gRPC proxy listens on all interfaces (it has no
+  host option), whatever `host` is.
+
+Also runnable as `python -m deployments.serve_cli [--config F] [--host H] [--port P] [--grpc-port G]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, cast
+
+import yaml
+
+from deployments.types import NAMESPACE, SCHEDULER_NAME, Capacity
+
+DEFAULT_HOST, DEFAULT_PORT, DEFAULT_GRPC_PORT = "127.0.0.1", 8000, 9000
+SCHEDULER_SHUTDOWN_S = 15.0
+GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # Serve's default is 2 GiB: cap what its proxy will buffer
+
+
+def _say(text: str) -> None:
+    print(f"characters serve: {text}", file=sys.stderr, flush=True)
+
+
+def _load_args(config_path: str | None) -> dict[str, Any]:
+    if config_path is None:
+        return {}
+    path = Path(config_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise ValueError(f"cannot read config {path}: {e.strerror or e}; check the path") from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"config {path} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path} must be a mapping of app args (service, api, ingress), got "
+                         f"{type(data).__name__}")
+    return data
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _end_sessions(ray: Any) -> None:
+    """Our own cluster is going away: let the scheduler end its sessions (MP4 outputs get finished)."""
+    try:
+        handle = ray.get_actor(SCHEDULER_NAME, namespace=NAMESPACE)
+        ray.get(handle.shutdown.remote(), timeout=SCHEDULER_SHUTDOWN_S)
+    except ValueError:
+        return  # no scheduler was started
+    except ray.exceptions.RayError as e:
+        _say(f"the scheduler did not shut down cleanly ({type(e).__name__}); stopping anyway")
+
+
+def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+              grpc_port: int = DEFAULT_GRPC_PORT) -> int:
+    """Serve until Ctrl-C / SIGTERM (see the module docstring). Returns the process exit code."""
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address is None:  # before Ray is imported: keep our own cluster on loopback
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", str(GRPC_MAX_MESSAGE_BYTES))
+    try:
+        args = _load_args(config_path)
+        from deployments.app import parse_args  # imports Ray: after the environment is set
+
+        service, _, _ = parse_args(args)
+    except ValueError as e:
+        _say(str(e))
+        return 2
+    for name, p in (("--port", port), ("--grpc-port", grpc_port)):
+        if p and address is None and _port_in_use(host if name == "--port" else "0.0.0.0", p):
+            _say(f"port {p} is already in use; pass another {name} or stop what holds it")
+            return 2
+
+    import ray
+    from ray import serve
+
+    from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
+
+    stop = threading.Event()
+    try:
+        if address is None:
+            from deployments.runtime import init_local
+
+            init_local()
+        else:
+            ray.init(address=address, namespace=NAMESPACE)
+
+        def on_signal(signum: int, _: FrameType | None) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGINT, on_signal)  # after ray.init, which installs its own SIGTERM handler
+        signal.signal(signal.SIGTERM, on_signal)
+        grpc = {"port": grpc_port, "grpc_servicer_functions": list(GRPC_SERVICER_FUNCTIONS)} if grpc_port else None
+        serve.start(http_options={"host": host, "port": port}, grpc_options=grpc)
+        serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+        try:
+            cap = cast(Capacity, ray.get(connect_scheduler(service).capacity.remote(), timeout=120))
+            _say(f"scheduler ready: {cap.bundles_free}/{cap.bundles_total} bundles free, preset {service.preset}")
+        except (ray.exceptions.RayError, ImportError, ValueError) as e:  # the API still answers (503 until then)
+            _say(f"scheduler not ready ({type(e).__name__}: {e}); the API answers 503 scheduler_unavailable")
+        _say(f"HTTP  http://{host}:{port}/v1/sessions   docs http://{host}:{port}/docs")
+        if grpc_port:
+            _say(f"gRPC  {host}:{grpc_port}  service characters.v1.Characters")
+        _say("Ctrl-C to stop")
+        while not stop.wait(0.5):
+            pass
+        _say("stopping")
+    except KeyboardInterrupt:
+        _say("interrupted during start-up; stopping")
+    finally:
+        if ray.is_initialized():
+            if address is None:
+                _end_sessions(ray)
+                serve.shutdown()
+            else:
+                serve.delete(APP_NAME)
+            ray.shutdown()
+    return 0
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The `serve` command's arguments (on `parser`, e.g. a subparser of `characters`)."""
+    p = parser or argparse.ArgumentParser(prog="characters serve", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="YAML file of app args (service, api, ingress); default: built-in + CHARACTERS_*")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"HTTP bind address (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
+                   help=f"gRPC port (default {DEFAULT_GRPC_PORT}; 0: no gRPC)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    return run_serve(a.config, a.host, a.port, a.grpc_port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

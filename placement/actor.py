@@ -1,0 +1,100 @@
+"""Ray-side placement: the capacity ledger from `ray.nodes()`, placement groups created, awaited and
+removed, and pending demand published to the autoscaler. The decisions stay in `placement.policy`.
+
+Ledger. A node's total comes from `ray.nodes()` (alive nodes only); its free resources are the total
+less the demand of every placement group the scheduler holds on it. The scheduler is the only
+client placing session bundles, so its own bookkeeping is exact and never waits on Ray's view of
+"available", which lags behind placement-group creation and removal. Something else that takes the
+same resources (e.g. a Serve replica taking CPUs on a CPU-only cluster) shows up as a placement
+group that does not become ready: `reserve` then removes it after its timeout, so a pending group
+never lingers to grab capacity freed later.
+
+Autoscaler. Demand that the cluster cannot hold (queued requests, plus every live slot) is published
+with `ray.autoscaler.sdk.request_resources`, one bundle per session holding its whole demand (so the
+autoscaler sizes a node that fits STRICT_PACK). Chosen over leaving placement groups pending for
+queued requests because a request is declarative and replaced on every call: it cannot grab GPUs
+freed for another request, out of FIFO order, and it vanishes when the queue empties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+
+from placement.bundles import RESOURCE_UNITS, PlacementSpec, to_units
+from placement.policy import NodeCapacity
+
+
+class PlacementTimeout(RuntimeError):
+    """A placement group did not become ready in time; it has been removed."""
+
+
+def ledger(nodes: Iterable[Mapping[str, Any]], used: Mapping[str, Sequence[Mapping[str, float]]]) -> tuple[
+        NodeCapacity, ...]:
+    """Alive nodes of `ray.nodes()` with free = total - the demands in `used[node_id]` (fixed-point exact)."""
+    out = []
+    for node in nodes:
+        if not node.get("Alive", False):
+            continue
+        node_id = str(node["NodeID"])
+        total = {k: float(v) for k, v in dict(node.get("Resources", {})).items()}
+        units = {k: to_units(v) for k, v in total.items()}
+        for demand in used.get(node_id, ()):
+            for key, amount in demand.items():
+                units[key] = units.get(key, 0) - to_units(amount)
+        free = {k: u / RESOURCE_UNITS for k, u in units.items()}
+        labels = {str(k): str(v) for k, v in dict(node.get("Labels", {}) or {}).items()}
+        out.append(NodeCapacity(node_id, free, total, labels))
+    return tuple(sorted(out, key=lambda n: n.node_id))
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+async def reserve(spec: PlacementSpec, *, name: str, node_id: str | None, timeout_s: float) -> PlacementGroup:
+    """Create the session's placement group (STRICT_PACK, from `spec`), preferring `node_id`, and wait
+    until it is ready. On timeout or cancellation it is removed before the error propagates."""
+    pg = placement_group(spec.ray_bundles(), strategy=spec.strategy, name=name, _soft_target_node_id=node_id)
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(pg.ready().future()), timeout_s)
+    except TimeoutError as err:
+        release(pg)
+        raise PlacementTimeout(
+            f"placement group {name!r} ({list(spec.bundles)}, STRICT_PACK) was not ready after {timeout_s:.0f} s "
+            "and has been removed; something outside the scheduler holds those resources, or a node left: "
+            "check `ray status`"
+        ) from err
+    except BaseException:
+        release(pg)
+        raise
+    return pg
+
+
+def node_of(pg: PlacementGroup) -> str | None:
+    """The node a ready placement group sits on (STRICT_PACK: one node)."""
+    table = placement_group_table(pg)
+    nodes = set((table.get("bundles_to_node_id") or {}).values())
+    return next(iter(nodes)) if len(nodes) == 1 else None
+
+
+def state_of(pg: PlacementGroup) -> str:
+    return str(placement_group_table(pg).get("state", "UNKNOWN"))
+
+
+def release(pg: PlacementGroup) -> None:
+    """Remove a placement group (and with it every actor in it). Idempotent."""
+    with contextlib.suppress(ValueError, ray.exceptions.RaySystemError):  # already removed
+        remove_placement_group(pg)
+
+
+def publish_demand(specs: Sequence[PlacementSpec]) -> None:
+    """Tell the autoscaler the cluster should hold these sessions (replaces the previous request)."""
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[dict(s.demand()) for s in specs])

@@ -1,0 +1,161 @@
+"""SessionScheduler on a real local cluster: admission, queueing, concurrency, endings and cleanup.
+
+One cluster for the module: 2 logical GPUs, topology gpu1 (one GPU per session bundle), so exactly
+two sessions fit. The state API (dashboard) checks that removed slots leave no actor behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+
+from deployments.runtime import init_local
+from deployments.types import NoCapacity, SessionStatus
+from deploy_helpers import (
+    actor_ids,
+    alive_actor_ids,
+    chunk_digests,
+    info,
+    pg_state,
+    scheduler,
+    slots,
+    small_service,
+    spec,
+    wait_chunks,
+    wait_for,
+    wait_status,
+)
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> Iterator[None]:
+    init_local(num_cpus=8, num_gpus=2, dashboard=True)
+    yield
+    ray.shutdown()
+
+
+def test_two_run_third_queues_then_takes_the_returned_slot() -> None:
+    service = small_service(queue_max=2)
+    with scheduler(service, "t-queue") as sched:
+        a, b = (ray.get(sched.create_session.remote(spec(s, service))) for s in ("a", "b"))
+        assert (a.status, b.status) == (SessionStatus.STARTING, SessionStatus.STARTING)
+        c = ray.get(sched.create_session.remote(spec("c", service)))
+        assert (c.status, c.queue_position) == (SessionStatus.QUEUED, 1)
+        wait_status(sched, "a", SessionStatus.RUNNING)
+        wait_status(sched, "b", SessionStatus.RUNNING)
+        cap = ray.get(sched.capacity.remote())
+        assert (cap.bundles_total, cap.bundles_free, cap.sessions_running, cap.queued) == (2, 0, 2, 1)
+        assert info(sched, "c").status is SessionStatus.QUEUED
+        ended = ray.get(sched.end_session.remote("a"))
+        assert (ended.status, ended.reason) == (SessionStatus.ENDED, "deleted")
+        assert ray.get(sched.end_session.remote("a")).status is SessionStatus.ENDED  # idempotent
+        c = wait_status(sched, "c", SessionStatus.RUNNING)
+        assert c.warm_start is True  # a's slot, reset and handed over without a rebuild
+        assert info(sched, "a").stats.chunks > 0
+
+
+def test_fifty_concurrent_creates_never_over_commit() -> None:
+    service = small_service(queue_max=3)
+    with scheduler(service, "t-fifty") as sched:
+
+        async def create(i: int) -> Any:
+            try:
+                return await sched.create_session.remote(spec(f"s{i}", service))
+            except NoCapacity as err:
+                return err
+
+        async def all_at_once() -> list[Any]:
+            return await asyncio.gather(*(create(i) for i in range(50)))
+
+        results = asyncio.run(all_at_once())
+        starting = [r for r in results if not isinstance(r, Exception) and r.status is SessionStatus.STARTING]
+        queued = [r for r in results if not isinstance(r, Exception) and r.status is SessionStatus.QUEUED]
+        refused = [r for r in results if isinstance(r, NoCapacity)]
+        assert (len(starting), len(queued), len(refused)) == (2, 3, 45)
+        assert sorted(r.queue_position for r in queued) == [1, 2, 3]
+        assert all(r.retry_after_s >= 1 and r.code == "no_capacity" for r in refused)
+        cap = ray.get(sched.capacity.remote())
+        assert (cap.bundles_free, cap.queued) == (0, 3)
+        assert len(slots(sched)) == 2
+
+
+def test_queue_max_zero_refuses_with_retry_after() -> None:
+    service = small_service(queue_max=0)
+    with scheduler(service, "t-refuse") as sched:
+        for s in ("a", "b"):
+            assert ray.get(sched.create_session.remote(spec(s, service))).status is SessionStatus.STARTING
+        with pytest.raises(NoCapacity) as refused:
+            ray.get(sched.create_session.remote(spec("c", service)))
+        assert refused.value.retry_after_s >= 1
+        with pytest.raises(ValueError, match="already exists"):
+            ray.get(sched.create_session.remote(spec("a", service)))
+        for s in ("a", "b"):  # ended while their slots are still warming
+            assert ray.get(sched.end_session.remote(s, "caller_left")).reason == "caller_left"
+
+
+def test_endings_say_why_and_leave_nothing_behind() -> None:
+    service = small_service(warm_slots=1, queue_max=0)
+    with scheduler(service, "t-endings") as sched:
+        ray.get(sched.create_session.remote(spec("deleted", service)))
+        ray.get(sched.create_session.remote(spec("timed", service, max_duration_s=4.0)))
+        wait_status(sched, "deleted", SessionStatus.RUNNING)
+        wait_status(sched, "timed", SessionStatus.RUNNING)
+        by_session = {s["sessions"][0]: s for s in slots(sched)}
+        first, second = by_session["deleted"], by_session["timed"]
+
+        # end_session: the pool is above target (2 > 1), so this slot is removed with all its actors.
+        assert ray.get(sched.end_session.remote("deleted")).reason == "deleted"
+        wait_for(lambda: first["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 30, "slot removal")
+        wait_for(lambda: pg_state(first["pg_id"]) == "REMOVED", 10, "placement group removal")
+        wait_for(lambda: not actor_ids(first) & alive_actor_ids(), 10, "the removed slot's actors to exit")
+
+        # max duration: ends by itself; its slot is reset and kept warm (target 1), actors alive.
+        ended = wait_status(sched, "timed", SessionStatus.ENDED, timeout_s=30)
+        assert ended.reason == "max_duration" and ended.stats.chunks >= 6
+        kept = wait_for(lambda: [s for s in slots(sched) if s["state"] == "free"], 30, "a free warm slot")[0]
+        assert kept["slot_id"] == second["slot_id"] and pg_state(kept["pg_id"]) == "CREATED"
+        assert actor_ids(kept) <= alive_actor_ids()
+
+        # a killed DiT rank mid-session: FAILED within 2 s, and the slot is removed.
+        warm = ray.get(sched.create_session.remote(spec("killed", service)))
+        assert warm.status is SessionStatus.STARTING
+        wait_chunks(sched, "killed", 3)
+        assert info(sched, "killed").warm_start is True
+        t0 = time.monotonic()
+        ray.kill(kept["actors"][0])  # DiT rank 0
+        failed = wait_for(lambda: (i := info(sched, "killed")).status.terminal and i, 10, "the failure")
+        assert time.monotonic() - t0 < 2.0
+        assert failed.status is SessionStatus.FAILED and failed.reason.startswith("actor_died: DiTWorker")
+        wait_for(lambda: kept["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 30, "failed slot removal")
+        wait_for(lambda: pg_state(kept["pg_id"]) == "REMOVED", 10, "placement group removal")
+        wait_for(lambda: not actor_ids(kept) & alive_actor_ids(), 10, "the failed slot's actors to exit")
+        assert [e.status for e in ray.get(sched.events.remote("killed", 0, 0.0)) if e.kind == "status"] == [
+            SessionStatus.STARTING, SessionStatus.READY, SessionStatus.RUNNING, SessionStatus.FAILED]
+
+
+def test_warm_slot_carries_no_state_between_sessions() -> None:
+    service = small_service(warm_slots=1, queue_max=0)
+    with scheduler(service, "t-warm") as sched:
+        first = ray.get(sched.create_session.remote(spec("first", service, seed=7)))
+        assert first.status is SessionStatus.STARTING
+        wait_chunks(sched, "first", 4)
+        speech = (np.random.default_rng(0).standard_normal(32000) * 8000).astype("<i2").tobytes()  # 2 s
+        ray.get(sched.push_audio.remote("first", speech, 16000, 1))  # dirty the audio history and the cache
+        wait_chunks(sched, "first", 20)
+        ray.get(sched.end_session.remote("first"))
+        wait_for(lambda: [s for s in slots(sched) if s["state"] == "free"], 30, "the slot back in the pool")
+        second = ray.get(sched.create_session.remote(spec("second", service, seed=7)))
+        assert second.status is SessionStatus.STARTING
+        wait_chunks(sched, "second", 4)
+        assert info(sched, "second").warm_start is True
+        a, b = chunk_digests(sched, "first"), chunk_digests(sched, "second")
+        assert [a[k] for k in range(4)] == [b[k] for k in range(4)]
+        assert len({a[k] for k in range(20)}) > 1  # the video does change over time

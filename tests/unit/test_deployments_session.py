@@ -1,0 +1,180 @@
+"""Session pieces without Ray: exact audio slicing, the paced chunk loop on virtual time, the
+session runner's lifecycle and stats, and the room's playout meter."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from characters.audio import chunk_sample_range
+from characters.config import session_config
+from deployments.pipeline import ChunkFailure, run_chunk_loop
+from deployments.session import AudioBuffer, SessionRunner
+from deployments.types import SessionStatus
+from deployments.workers import ChunkInput, ChunkReport, PlayoutMeter
+
+CHUNK_S = 4 / 24
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> bool:
+        self.now += max(0.0, seconds)
+        return False
+
+
+class FakePipeline:
+    """Records submissions; a chunk takes `latency_s` of virtual time; `fail_at` raises on that fetch."""
+
+    def __init__(self, clock: VirtualClock, latency_s: float = 0.05, fail_at: int | None = None) -> None:
+        self.clock, self.latency_s, self.fail_at = clock, latency_s, fail_at
+        self.submitted: list[ChunkInput] = []
+        self.pending: deque[tuple[ChunkInput, float]] = deque()
+        self.fetch_times: list[float] = []
+        self.closed = False
+
+    def submit(self, inp: ChunkInput) -> None:
+        self.submitted.append(inp)
+        self.pending.append((inp, self.clock.now))
+
+    def fetch(self, timeout_s: float) -> ChunkReport:
+        inp, submitted = self.pending.popleft()
+        if inp.chunk == self.fail_at:
+            raise ChunkFailure("actor_died", "DiTWorker rank 0 died (ActorDiedError)")
+        published = submitted + self.latency_s
+        self.clock.now = max(self.clock.now, published)  # a fetch blocks until the chunk is out
+        self.fetch_times.append(self.clock.now)
+        late = published > 0.05 + inp.chunk * CHUNK_S + 1e-9
+        return ChunkReport(inp.session_id, inp.chunk, 4, late, 0.0, 24.0, f"d{inp.chunk}", published)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def loop(pipe: FakePipeline, clock: VirtualClock, *, max_s: float = 1.0, depth: int = 2,
+         stop: Callable[[], str | None] = lambda: None) -> tuple[str, list[int]]:
+    reports: list[int] = []
+    result = run_chunk_loop(pipe, session_id="s", audio=lambda k: np.zeros(2, np.float32), chunk_s=CHUNK_S,
+                            depth=depth, max_duration_s=max_s, fetch_timeout_s=1.0, clock=clock, wait=clock.sleep,
+                            stop_reason=stop, on_report=lambda r, t: reports.append(r.chunk))
+    return result.reason, reports
+
+
+def test_audio_buffer_slices_exact_chunks_and_pads_with_silence() -> None:
+    buf = AudioBuffer(frames_per_chunk=4)
+    stream = np.arange(1, 9000, dtype=np.float32)
+    buf.push(stream[:5000])
+    buf.push(stream[5000:])
+    got = [buf.take(k) for k in range(5)]
+    sizes = [b - a for a, b in (chunk_sample_range(k, 4) for k in range(5))]
+    assert [len(g) for g in got] == sizes == [2666, 2667, 2667, 2666, 2667]
+    joined = np.concatenate(got)
+    assert np.array_equal(joined[: stream.size], stream)  # in order, nothing lost or repeated
+    assert not joined[stream.size :].any()  # then silence: the character idles
+    assert buf.queued_s == 0.0
+
+
+def test_audio_buffer_clear_drops_queued_audio_and_limits_the_queue() -> None:
+    buf = AudioBuffer(frames_per_chunk=4, max_s=1.0)
+    buf.push(np.ones(8000, np.float32))
+    assert buf.queued_s == 0.5
+    assert buf.clear() == 8000
+    assert not buf.take(0).any()
+    with pytest.raises(ValueError, match="above the limit of 1 s"):
+        buf.push(np.ones(16001, np.float32))
+    with pytest.raises(ValueError, match="1-D float32"):
+        buf.push(np.ones(10, np.int16))
+
+
+def test_loop_paces_at_24_fps_and_pipelines_two_chunks() -> None:
+    clock = VirtualClock()
+    pipe = FakePipeline(clock)
+    reason, reports = loop(pipe, clock, max_s=1.0)
+    assert reason == "max_duration"
+    assert [i.chunk for i in pipe.submitted] == list(range(6)) and reports == list(range(6))
+    # chunk k+1 is submitted before chunk k is fetched
+    assert pipe.fetch_times[0] == pytest.approx(CHUNK_S)
+    assert all(len(i.pcm) == 2 for i in pipe.submitted)
+    assert pipe.closed is False  # closing is the runner's job
+
+
+def test_loop_stops_on_request_and_drains_chunks_in_flight() -> None:
+    clock = VirtualClock()
+    pipe = FakePipeline(clock)
+    reason, reports = loop(pipe, clock, max_s=100.0, stop=lambda: "deleted" if clock.now >= 0.5 else None)
+    assert reason == "deleted"
+    assert reports == list(range(len(pipe.submitted)))  # every submitted chunk was fetched
+    assert len(pipe.submitted) == 3
+
+
+def test_loop_reports_the_first_failure() -> None:
+    clock = VirtualClock()
+    pipe = FakePipeline(clock, fail_at=3)
+    reason, reports = loop(pipe, clock, max_s=100.0)
+    assert reason == "actor_died" and reports == [0, 1, 2]
+
+
+def runner(clock: VirtualClock, max_s: float = 1.0) -> SessionRunner:
+    cfg = session_config("tiny", "cpu")
+    r = SessionRunner("s", cfg, max_duration_s=max_s, depth=2, fetch_timeout_s=1.0, clock=clock, wall=clock)
+    r._stopped.wait = clock.sleep  # type: ignore[method-assign]  # virtual time
+    return r
+
+
+def test_runner_lifecycle_events_and_stats() -> None:
+    clock = VirtualClock()
+    r = runner(clock)
+    pipe = FakePipeline(clock, latency_s=0.05)
+    outcome = r.run(lambda: pipe)
+    assert (outcome.status, outcome.reason, outcome.healthy) == (SessionStatus.ENDED, "max_duration", True)
+    assert pipe.closed
+    report = r.report()
+    statuses = [(e.status, e.detail) for e in report.events if e.kind == "status"]
+    assert statuses == [(SessionStatus.READY, None), (SessionStatus.RUNNING, None),
+                        (SessionStatus.ENDED, "max_duration")]
+    assert [e.chunk for e in report.events if e.kind == "chunk"] == list(range(6))
+    s = report.stats
+    assert (s.chunks, s.frames, s.late_chunks) == (6, 24, 0)
+    assert s.step_ms_p50 == pytest.approx(50.0)
+    assert r.report().events == []  # a report hands each event out once
+
+
+def test_runner_failure_marks_the_slot_unhealthy() -> None:
+    clock = VirtualClock()
+    r = runner(clock)
+    pipe = FakePipeline(clock, fail_at=2)
+    outcome = r.run(lambda: pipe)
+    assert outcome.status is SessionStatus.FAILED and not outcome.healthy
+    assert outcome.reason == "actor_died: DiTWorker rank 0 died (ActorDiedError)"
+    assert pipe.closed
+    assert r.finish(SessionStatus.ENDED, "deleted").reason == outcome.reason  # the first end wins
+
+
+def test_runner_start_failure() -> None:
+    clock = VirtualClock()
+    r = runner(clock)
+
+    def broken() -> FakePipeline:
+        raise ChunkFailure("pipeline_error", "compile failed")
+
+    outcome = r.run(broken)
+    assert outcome.status is SessionStatus.FAILED and outcome.reason.startswith("start_failed: pipeline_error")
+
+
+def test_playout_meter_counts_late_chunks_and_delivered_fps() -> None:
+    meter = PlayoutMeter(CHUNK_S, 4, buffer_s=CHUNK_S, window=4)
+    assert meter.on_chunk(1.0) == (False, 0.0)  # plays at 1 + buffer
+    for k in range(1, 4):
+        assert meter.on_chunk(1.0 + k * CHUNK_S)[0] is False  # on time, within the jitter buffer
+    assert meter.delivered_fps == pytest.approx(24.0)
+    late, lateness = meter.on_chunk(1.0 + 4 * CHUNK_S + 0.5)  # due at 1 + 5 chunks, arrives 0.5 - 1 chunk late
+    assert late and lateness == pytest.approx(0.5 - CHUNK_S)
+    assert meter.late == 1 and meter.delivered_fps < 24.0

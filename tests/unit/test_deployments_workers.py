@@ -1,0 +1,133 @@
+"""Workers as plain objects in this process (no Ray): stages in order, one session's chunk flow DiT ->
+decoder -> room through the handoff, crossed messages refused, and a reset that leaves no state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from characters.audio import chunk_sample_range
+from characters.config import SessionConfig, session_config
+from characters.media import read_mp4
+from deployments.handoff import HandoffError, pack
+from deployments.types import OutputSpec
+from deployments.workers import (
+    STAGES,
+    Ack,
+    ChunkInput,
+    DecoderWorker,
+    DiTWorker,
+    Frames,
+    RoomWorker,
+    SessionMismatch,
+    StageTimer,
+)
+
+SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}
+
+
+@pytest.fixture(scope="module")
+def cfg() -> SessionConfig:
+    return session_config("tiny", "cpu", model=SMALL)
+
+
+@pytest.fixture(scope="module")
+def workers(cfg: SessionConfig) -> tuple[DiTWorker, DecoderWorker]:
+    dit, dec = DiTWorker(cfg), DecoderWorker(cfg)
+    for w in (dit, dec):
+        assert w.init_device() == "cpu"
+    dit.init_process_group(0)
+    dec.init_process_group()
+    for w in (dit, dec):
+        w.load_weights()
+        w.warm_up()
+    return dit, dec
+
+
+def pcm(k: int) -> np.ndarray:
+    a, b = chunk_sample_range(k, 4)
+    return (0.1 * np.sin(np.arange(a, b) / 7.0)).astype(np.float32)
+
+
+def run_session(dit: DiTWorker, dec: DecoderWorker, room: RoomWorker, sid: str, image: np.ndarray,
+                chunks: int, output: OutputSpec = OutputSpec(), path: str | None = None) -> list[str]:
+    ref = dec.encode_reference(sid, image)
+    dit.start(sid, ref, seed=11)
+    dec.start(sid)
+    room.open(sid, output, path)
+    digests = []
+    for k in range(chunks):
+        inp = ChunkInput(sid, k, pcm(k))
+        latents = dit.step(inp)
+        assert not isinstance(latents, Ack)
+        digests.append(room.publish(inp, dec.decode(latents)).digest)
+    room.close()
+    return digests
+
+
+def test_stages_run_in_order_and_are_timed(workers: tuple[DiTWorker, DecoderWorker]) -> None:
+    for w in workers:
+        assert list(w.stages()) == list(STAGES) and all(t >= 0 for t in w.stages().values())
+    timer = StageTimer()
+    with pytest.raises(RuntimeError, match="out of order"), timer.stage("load_weights"):
+        pass
+    with pytest.raises(RuntimeError, match="before the worker is ready"):
+        DiTWorker(session_config("tiny", "cpu", model=SMALL)).start("s", pack("s", -1, torch.zeros(1)), 0)
+
+
+def test_chunks_flow_to_an_mp4_and_a_reset_leaves_no_state(workers: tuple[DiTWorker, DecoderWorker],
+                                                           cfg: SessionConfig, tmp_path: Path) -> None:
+    dit, dec = workers
+    room = RoomWorker(cfg)
+    image = np.random.default_rng(1).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    first = run_session(dit, dec, room, "a", image, 6, OutputSpec("file"), str(tmp_path / "a.mp4"))
+    for w in (dit, dec, room):
+        w.reset()
+    second = run_session(dit, dec, room, "b", image, 6)
+    assert first == second  # same seed and inputs: identical frames, nothing carried over
+    assert len(set(first)) > 1
+    frames, fps, audio, rate = read_mp4(tmp_path / "a.mp4")
+    assert frames.shape == (24, 64, 96, 3) and fps == 24 and audio.size > 0
+
+
+def test_crossed_messages_are_refused(workers: tuple[DiTWorker, DecoderWorker], cfg: SessionConfig) -> None:
+    dit, dec = workers
+    image = np.zeros((64, 96, 3), np.uint8)
+    dit.start("a", dec.encode_reference("a", image), seed=0)
+    dec.start("a")
+    with pytest.raises(SessionMismatch, match="got session 'b' chunk 0"):
+        dit.step(ChunkInput("b", 0, pcm(0)))
+    with pytest.raises(SessionMismatch, match="at chunk 0, got session 'a' chunk 1"):
+        dit.step(ChunkInput("a", 1, pcm(1)))
+    latents = dit.step(ChunkInput("a", 0, pcm(0)))
+    assert not isinstance(latents, Ack)
+    with pytest.raises(HandoffError, match="session 'b' chunk 0 reached a receiver expecting session 'a' chunk 0"):
+        dec.decode(pack("b", 0, latents.tensor))
+    with pytest.raises(SessionMismatch, match="got acks"):
+        dec.decode(latents, Ack(1, 5))
+    room = RoomWorker(cfg)
+    room.open("a", OutputSpec())
+    with pytest.raises(SessionMismatch, match="with audio of 'a' chunk 1"):
+        room.publish(ChunkInput("a", 1, pcm(1)), Frames("a", 0, np.zeros((4, 64, 96, 3), np.uint8)))
+    with pytest.raises(ValueError, match="needs a path"):
+        room.open("a", OutputSpec("file"))
+    with pytest.raises(ValueError, match=r"needs \(64, 96, 3\) uint8"):
+        dec.encode_reference("a", np.zeros((10, 10, 3), np.uint8))
+
+
+def test_room_measures_playout_on_an_injected_clock(cfg: SessionConfig) -> None:
+    now = [10.0]
+    room = RoomWorker(cfg, clock=lambda: now[0])
+    room.open("s", OutputSpec())
+    frames = np.zeros((4, 64, 96, 3), np.uint8)
+    reports = []
+    for k, at in enumerate([10.0, 10.1, 10.3, 10.9]):
+        now[0] = at
+        reports.append(room.publish(ChunkInput("s", k, pcm(k)), Frames("s", k, frames)))
+    # plays from 10 + 1 chunk (jitter buffer); chunk 3 is due at 10 + 4 chunks = 10.667, arrives at 10.9
+    assert [r.late for r in reports] == [False, False, False, True]
+    assert reports[3].lateness_s == pytest.approx(10.9 - (10.0 + 4 * 4 / 24))
+    assert reports[0].digest == reports[1].digest and reports[3].published_at == 10.9
