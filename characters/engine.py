@@ -246,7 +246,7 @@ class DecoderRunner:
         self.decoder = self.decoder.to(self.dtype).eval()
         fmt = torch.channels_last_3d if (self.device.type == "cuda" if channels_last is None else channels_last) \
             else torch.contiguous_format
-        self.decoder = self.decoder.to(memory_format=fmt)
+        self.decoder = self.decoder.to(memory_format=fmt)  # type: ignore[call-overload]  # (stubs lack it)
         h, w = m.latent_hw
         self.state = self.decoder.init_state(1, h, w, self.device, self.dtype)
         for i, cache in enumerate(self.state.caches):

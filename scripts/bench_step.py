@@ -120,12 +120,17 @@ def cache_management_ms(runner: DiTRunner, device: torch.device, args: argparse.
     w = torch.ones(dh, device=device)
     cos, sin = runner.rope.chunk(0)
     offset, valid = cache.chunk_offset(cache.ring_slots - 1), cache.chunk_valid(cache.ring_slots - 1)
-    q = torch.randn(1, heads, t, dh, device=device, dtype=runner.dtype)
-    kv = torch.randn(1, heads, valid, dh, device=device, dtype=runner.dtype)
+    # the bare attention reads the same operands in the same layouts as the cached path: a token-major q
+    # and the cache's own K/V prefix (write-time), or already-prepared (B, Hh, S, Dh) keys (naive)
+    q = torch.randn(1, t, heads, dh, device=device, dtype=runner.dtype).transpose(1, 2)  # (1, Hh, T, Dh)
+    if cache.mode == "write_time":
+        k, v = cache.k[0][:, :, :valid], cache.v[0][:, :, :valid]
+    else:
+        k = v = torch.randn(1, heads, valid, dh, device=device, dtype=runner.dtype)
     with torch.inference_mode():
         full = statistics.median(timed(lambda: cache.attend(0, qkv, w, w, cos, sin, offset, valid), device,
                                        args.iters, args.warmup))
-        bare = statistics.median(timed(lambda: attention(q, kv, kv, runner.attention_backend), device,
+        bare = statistics.median(timed(lambda: attention(q, k, v, runner.attention_backend), device,
                                        args.iters, args.warmup))
     return max(full - bare, 0.0) * m.dit.num_layers * m.generation.forwards_per_chunk
 
