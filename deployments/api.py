@@ -8,6 +8,9 @@ Endpoints (JSON everywhere; field names are camelCase in requests and responses;
     DELETE /v1/sessions/{id}   -> Session (ENDED)                                 idempotent; 404 if unknown
     GET    /v1/capacity        -> Capacity                                        bundles free/total, queue, warm slots
     GET    /healthz            -> {"status": "ok"}                                never needs a key
+    POST   /v1/realtime_sessions, GET / DELETE /v1/realtime_sessions/{id}         the Runway Characters API as
+                                                                                  livekit-plugins-runway calls it
+    POST   /v1/avatars, GET / DELETE /v1/avatars/{id}                             reference images for avatarId
     GET    /openapi.json, /docs                                                   the schema, with error bodies
 
 Errors: `deployments.errors` (one JSON shape, a code per condition). Limits (`ApiConfig`, per service):
@@ -30,7 +33,7 @@ import math
 import posixpath
 import re
 import uuid
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 from fastapi import FastAPI, Request, Response, Security
@@ -45,6 +48,8 @@ from characters.config import MODEL_PRESETS
 from characters.media import MediaError, load_image
 from deployments.auth import ApiKeys, BearerAuthMiddleware
 from deployments.errors import ApiError, ErrorCode, error_responses, install_error_handlers
+from deployments.livekit.config import LiveKitConfigError, LiveKitOutput
+from deployments.livekit.runway import AvatarRegistry, add_realtime_routes
 from deployments.types import (
     Capacity,
     NoCapacity,
@@ -106,15 +111,36 @@ class AvatarIn(_In):
 
 
 class OutputIn(_In):
-    kind: Literal["null", "file"] = Field(default="null", description="null: discard media; file: server-side MP4.")
+    kind: Literal["null", "file", "livekit"] = Field(default="null", description="null: discard media; file: "
+                                                     "server-side MP4; livekit: publish into a LiveKit room.")
     path: str | None = Field(default=None, description="kind=file only: a relative .mp4 path under the server's "
                                                        "output directory.")
+    url: str | None = Field(default=None, max_length=2048, description="kind=livekit: the server, ws(s)://host.")
+    room_name: str | None = Field(default=None, max_length=256, description="kind=livekit: the room to join.")
+    token: str | None = Field(default=None, max_length=8192, description="kind=livekit: the character's access "
+                                                                         "token (or apiKey + apiSecret).")
+    api_key: str | None = Field(default=None, max_length=256, description="kind=livekit: mint a token with this.")
+    api_secret: str | None = Field(default=None, max_length=1024)
+    identity: str | None = Field(default=None, max_length=128, description="kind=livekit, minted token: identity.")
+    agent_identity: str | None = Field(default=None, max_length=128, description="kind=livekit: the LiveKit Agents "
+                                       "participant whose speech the character voices (lk.publish_on_behalf).")
 
     @model_validator(mode="after")
     def _check(self) -> OutputIn:
         if self.kind == "null" and self.path is not None:
             raise ValueError("output.path is only allowed with output.kind='file'")
+        livekit = {k: v for k in _LIVEKIT_FIELDS if (v := getattr(self, k)) is not None}
+        if self.kind != "livekit" and livekit:
+            raise ValueError(f"output.{to_camel(next(iter(livekit)))} is only allowed with output.kind='livekit'")
+        if self.kind == "livekit":
+            if self.path is not None or self.url is None or self.room_name is None:
+                raise ValueError("output.kind='livekit' needs url and roomName (and no path)")
+            if (self.token is None) == (self.api_key is None or self.api_secret is None):
+                raise ValueError("output.kind='livekit' needs token, or apiKey and apiSecret (not both)")
         return self
+
+
+_LIVEKIT_FIELDS = ("url", "room_name", "token", "api_key", "api_secret", "identity", "agent_identity")
 
 
 class SessionOptions(_In):
@@ -252,9 +278,18 @@ def load_avatar(raw: bytes, preset: str, config: ApiConfig, field: str = IMAGE_F
 
 
 def output_spec(out: OutputIn, config: ApiConfig) -> OutputSpec:
-    """Refuse file output when disabled; a file path must stay inside the service's output directory."""
+    """Refuse file output when disabled; a file path must stay inside the service's output directory.
+    kind=livekit: a `LiveKitOutput` (typed as OutputSpec until deployments.types takes it in)."""
     if out.kind == "null":
         return OutputSpec()
+    if out.kind == "livekit":
+        assert out.url is not None and out.room_name is not None
+        try:
+            return cast(OutputSpec, LiveKitOutput(
+                url=out.url, room_name=out.room_name, token=out.token, api_key=out.api_key,
+                api_secret=out.api_secret, identity=out.identity or "character", agent_identity=out.agent_identity))
+        except LiveKitConfigError as e:
+            raise ApiError(422, ErrorCode.INVALID_FIELD, str(e), "output") from e
     if not config.file_output:
         raise ApiError(422, ErrorCode.INVALID_FIELD, "file output is disabled on this server; use kind 'null'",
                        "output.kind")
@@ -279,6 +314,7 @@ class SessionFrontend:
 
     def __init__(self, scheduler: Scheduler, config: ApiConfig) -> None:
         self.scheduler, self.config = scheduler, config
+        self.avatars = AvatarRegistry()  # POST /v1/avatars (per replica: see AvatarRegistry)
 
     def resolve_preset(self, preset: str | None) -> str:
         name = preset or self.config.presets[0]
@@ -300,6 +336,10 @@ class SessionFrontend:
         spec = SessionSpec(session_id=uuid.uuid4().hex, image=pixels, preset=preset,
                            max_duration_s=float(options.max_duration), output=output, seed=options.seed,
                            api_key_id=api_key_id, trace_context=dict(trace_context or {}))
+        return await self._call(self.scheduler.create_session(spec))
+
+    async def submit(self, spec: SessionSpec) -> SessionInfo:
+        """Hand an already validated spec to the scheduler (the Runway-compatible routes build their own)."""
         return await self._call(self.scheduler.create_session(spec))
 
     async def get(self, session_id: str) -> SessionInfo:
@@ -444,4 +484,5 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None) -> Fa
     async def healthz() -> HealthOut:
         return HealthOut()
 
+    add_realtime_routes(app, frontend, bearer)
     return app

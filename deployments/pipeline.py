@@ -26,6 +26,7 @@ fallback and as the baseline the benchmark compares against.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class Pipeline(Protocol):
 
     def fetch(self, timeout_s: float) -> ChunkReport: ...  # the oldest chunk in flight
 
-    def close(self) -> None: ...
+    def close(self) -> bool: ...  # True: torn down cleanly, the workers may serve another session
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class CompiledPipeline:
     def __init__(self, workers: Workers, *, depth: int, buffer_bytes: int, teardown_timeout_s: int) -> None:
         from ray.dag import DAGContext, InputNode
 
-        self.workers = workers
+        self.workers, self.teardown_timeout_s = workers, teardown_timeout_s
         DAGContext.get_current().teardown_timeout = teardown_timeout_s  # RAY_CGRAPH_teardown_timeout
         with InputNode() as inp:
             outs = [w.step.bind(inp) for w in workers.dits]
@@ -142,13 +143,19 @@ class CompiledPipeline:
         except RayError as err:
             raise self.workers.diagnose(classify(err)) from err
 
-    def close(self) -> None:
-        """Tear the graph down; the actors stay alive (a returned slot serves the next session)."""
+    def close(self) -> bool:
+        """Tear the graph down, keeping the actors (a returned slot serves the next session). A
+        teardown that fails or runs into its timeout leaves the workers suspect: False, and the
+        scheduler then removes the slot. The channel buffers are sized to a whole chunk's frames, so
+        no message resizes them (the ~1 MB teardown hang in NOTES.md comes with resized buffers)."""
         self.refs.clear()
+        t0 = time.monotonic()
         try:
             self.dag.teardown(kill_actors=False)
         except RayError as err:  # a dead actor: the slot is removed anyway
             log.warning("compiled graph teardown: %s", classify(err))
+            return False
+        return time.monotonic() - t0 < self.teardown_timeout_s
 
 
 class ActorCallPipeline:
@@ -170,8 +177,9 @@ class ActorCallPipeline:
         except RayError as err:
             raise self.w.diagnose(classify(err)) from err
 
-    def close(self) -> None:
+    def close(self) -> bool:
         self.refs.clear()
+        return True
 
 
 # ------------------------------------------------------------------------------------------ the loop

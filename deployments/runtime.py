@@ -7,6 +7,8 @@ A slot is built in the worker stages' order (STYLE 6) and is ready only when eve
     -> warm_up (all at once: DiT ranks all-reduce)
 
 Any failure or timeout on the way destroys what was made (actors killed, placement group removed).
+The slot also holds a *standby* SessionActor (room bundle), started with the slot and again each
+time the slot is returned, so a session never waits for a Python process to start.
 GPU workers take `num_cpus=0` and their bundle's GPU (half of it each when the decoder shares DiT
 rank 0's GPU); on a CPU-only cluster the same code takes the bundle's CPU instead.
 """
@@ -63,9 +65,14 @@ class Slot:
     device: str = "cpu"
     stages: dict[str, dict[str, float]] = field(default_factory=dict)
     build_s: float = 0.0
+    standby: Any = None  # a started SessionActor for the next session (one per session, made ahead)
 
     def actors(self) -> list[Any]:
         return [*self.dits, self.decoder, self.room]
+
+    def describe(self) -> dict[str, Any]:
+        return {"pg_id": self.pg.id.hex(), "actors": self.actors(), "standby": self.standby, "stages": self.stages,
+                "build_s": self.build_s, "device": self.device}
 
     def workers(self, service: ServiceConfig) -> Workers:
         transport = resolve_transport(service.transport, self.device, self.spec.decoder_shares_gpu)
@@ -119,6 +126,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
         slot.device = devices[0]
+        slot.standby = session_actor(slot, cfg, service)  # starts while the workers load and warm up
         port = await slot.dits[0].free_port.remote()
         await _all([*(w.init_process_group.remote(port) for w in slot.dits), slot.decoder.init_process_group.remote()],
                    limit, "init_process_group")
@@ -134,6 +142,15 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         raise
 
 
+def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any:
+    """A new SessionActor in the slot's room bundle (its process starts now, in the background)."""
+    from deployments.session import SessionActor
+
+    return ray.remote(SessionActor).options(
+        num_cpus=cfg.topology.room_cpus / 2, scheduling_strategy=slot.strategy(slot.spec.bundle_of("room")),
+    ).remote(cfg, service, slot.workers(service))
+
+
 async def reset_slot(slot: Slot, timeout_s: float) -> bool:
     """Wipe every worker's session state (KV cache, audio, decoder state; room closed). False on failure."""
     try:
@@ -143,9 +160,20 @@ async def reset_slot(slot: Slot, timeout_s: float) -> bool:
     return True
 
 
+async def ping_slot(slot: Slot, timeout_s: float = 5.0) -> bool:
+    """False when a worker of the slot is dead (busy or slow counts as alive)."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(a.ping.remote() for a in slot.actors())), timeout_s)
+    except ray.exceptions.RayActorError:
+        return False
+    except (ray.exceptions.RayError, TimeoutError):
+        return True
+    return True
+
+
 def destroy_slot(slot: Slot, extra_actors: Iterable[Any] = ()) -> None:
     """Kill every actor of the slot (and `extra_actors`, e.g. its session actor); remove its placement group."""
-    for actor in [*slot.actors(), *extra_actors]:
+    for actor in [*slot.actors(), slot.standby, *extra_actors]:
         if actor is not None:
             with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already dead
                 ray.kill(actor, no_restart=True)

@@ -2,8 +2,9 @@
 
 It applies the pure policy (`placement.decide` / `drain` / `commit`) to a ledger built from
 `ray.nodes()` and its own slots (`placement.actor.ledger`), and the `WarmPool` bookkeeping to its
-slots. Every decision runs under one asyncio lock with no await inside, so concurrent calls never
-over-commit. On every event (`_dispatch`), in order:
+slots. The ledger is recomputed from the slots it holds (one `Admit` each), so releasing a slot is
+dropping its record: there is no separate count to drift. Every decision runs under one asyncio
+lock with no await inside, so concurrent calls never over-commit. On every event (`_dispatch`):
 
     1. expire queued requests past their deadline (FAILED, queue_timeout)
     2. hand free warm slots to admitted sessions waiting for a slot, then to the queue in FIFO order
@@ -33,8 +34,16 @@ import ray
 from ray.exceptions import RayError
 
 from deployments.pipeline import classify
-from deployments.runtime import Slot, build_slot, cluster_has_gpus, destroy_slot, reset_slot
-from deployments.session import Outcome, Report, SessionActor
+from deployments.runtime import (
+    Slot,
+    build_slot,
+    cluster_has_gpus,
+    destroy_slot,
+    ping_slot,
+    reset_slot,
+    session_actor,
+)
+from deployments.session import Outcome, Report
 from deployments.settings import ServiceConfig
 from deployments.types import (
     NAMESPACE,
@@ -60,25 +69,18 @@ from placement import (
     WarmPool,
     best_fit,
     bundles_for,
+    commit,
     decide,
     drain,
     free_bundles,
 )
-from placement.actor import PlacementTimeout, alive_nodes, ledger, publish_demand
+from placement.actor import alive_nodes, ledger, publish_demand
 
 log = logging.getLogger(__name__)
 
 NODES_REFRESH_S = 5.0
 END_WAIT_S = 5.0  # end_session waits this long for the session to reach ENDED
 PENDING_AUDIO_MAX_BYTES = 16000 * 2 * 2 * 60  # audio held for a session not yet started: 60 s stereo 16 kHz
-
-
-class Refused(NoCapacity):
-    """`NoCapacity` that survives Ray's pickling: the base class's constructor takes three arguments but
-    its pickled form carries one, so the caller would get an UnserializableException instead."""
-
-    def __reduce__(self) -> tuple[type[Refused], tuple[str, float, str]]:
-        return (type(self), (str(self), self.retry_after_s, self.code))
 
 
 @dataclass
@@ -123,6 +125,7 @@ class SessionScheduler:
         self.spec: PlacementSpec = bundles_for(self.cfg, use_gpus=bool(service.use_gpus))
         self.use_gpus = service.use_gpus
         self._started = False
+        self._closing = False
         self._start_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._demand: int | None = None
@@ -131,7 +134,7 @@ class SessionScheduler:
     # ------------------------------------------------------------------------------ the interface
     async def create_session(self, spec: SessionSpec) -> SessionInfo:
         await self._start()
-        self._validate(spec)
+        self.service.check_spec(spec)
         async with self.lock:
             old = self.sessions.get(spec.session_id)
             if old is not None and not old.terminal:
@@ -154,15 +157,15 @@ class SessionScheduler:
             request = Request(spec.session_id, self.spec, now, now + self.service.queue_timeout_s)
             decision = decide(self._ledger(), self.queue, request, now)
             if isinstance(decision, Reject):
-                raise Refused(
+                raise NoCapacity(
                     f"no whole bundle of {dict(self.spec.demand())} is free and the queue is full "
                     f"({len(self.queue)}/{self.queue.max_len}); retry after {decision.retry_after_s:.0f} s",
                     decision.retry_after_s)
             if isinstance(decision, Expire):
-                raise Refused("the request expired before it was decided; retry", 1.0)
+                raise NoCapacity("the request expired before it was decided; retry", 1.0)
             self.sessions[spec.session_id] = sess
+            _, self.queue = commit(self._ledger(), self.queue, [decision], incoming=request)
             if isinstance(decision, Enqueue):
-                self.queue = self.queue.push(request)
                 sess.info.queue_position = decision.position
                 self._event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}")
             else:
@@ -259,19 +262,15 @@ class SessionScheduler:
 
     async def debug_slots(self) -> list[dict[str, Any]]:
         """Slots and their actors (tests and operators)."""
-        out = []
-        for rec in self.slots.values():
-            slot = rec.slot
-            users = [s.info.id for s in self.sessions.values() if s.lease and s.lease.slot_id == rec.slot_id
-                     and not s.terminal]
-            out.append({"slot_id": rec.slot_id, "state": self.pool.state(rec.slot_id), "node_id": rec.admit.node_id,
-                        "pg_id": slot.pg.id.hex() if slot else None, "actors": slot.actors() if slot else [],
-                        "stages": slot.stages if slot else {}, "build_s": slot.build_s if slot else None,
-                        "device": slot.device if slot else None, "sessions": users})
-        return out
+        await self._start()
+        return [{"slot_id": rec.slot_id, "state": self.pool.state(rec.slot_id), "node_id": rec.admit.node_id,
+                 "sessions": [s.info.id for s in self.sessions.values()
+                              if s.lease and s.lease.slot_id == rec.slot_id and not s.terminal],
+                 **(rec.slot.describe() if rec.slot else {"actors": []})} for rec in self.slots.values()]
 
     async def shutdown(self) -> None:
         """End every session, drop the queue, remove every slot (tests, redeploys)."""
+        self._closing = True
         for sess in list(self.sessions.values()):
             if not sess.terminal:
                 await self.end_session(sess.info.id, "shutdown")
@@ -287,12 +286,13 @@ class SessionScheduler:
 
     # ------------------------------------------------------------------------------ decisions (lock held)
     def _dispatch(self, now: float) -> None:
-        for d in drain(self._ledger(), self.queue, now):
-            if isinstance(d, Expire):
-                waited = now - next(r.arrived_at for r in self.queue if r.request_id == d.request_id)
-                self.queue = self.queue.remove(d.request_id)
-                self._terminal(self.sessions[d.request_id], SessionStatus.FAILED,
-                               f"queue_timeout: no bundle freed within {waited:.0f} s (queue_timeout_s)")
+        expired = [d for d in drain(self._ledger(), self.queue, now) if isinstance(d, Expire)]
+        arrived = {r.request_id: r.arrived_at for r in self.queue}
+        _, self.queue = commit(self._ledger(), self.queue, expired)
+        for gone in expired:
+            self._terminal(self.sessions[gone.request_id], SessionStatus.FAILED,
+                           f"queue_timeout: no bundle freed within {now - arrived[gone.request_id]:.0f} s "
+                           "(queue_timeout_s)")
         while self.waiting or len(self.queue):
             lease = self.pool.acquire()
             if lease is None:
@@ -303,10 +303,10 @@ class SessionScheduler:
                 sid = self.queue.ids[0]
                 self.queue = self.queue.remove(sid)
             self._start_on(self.sessions[sid], lease)
-        for d in drain(self._ledger(), self.queue, now):
-            if isinstance(d, Admit):
-                self.queue = self.queue.remove(d.request_id)
-                self._admit(d, self.sessions[d.request_id])
+        admits = [d for d in drain(self._ledger(), self.queue, now) if isinstance(d, Admit)]
+        _, self.queue = commit(self._ledger(), self.queue, admits)
+        for admit in admits:
+            self._admit(admit, self.sessions[admit.request_id])
         if not self.waiting and not len(self.queue):
             for slot_id in self.pool.surplus():
                 self.pool.retire(slot_id)
@@ -361,7 +361,7 @@ class SessionScheduler:
         want = len(self.slots) + len(self.queue)
         if want != self._demand:
             self._demand = want
-            self._spawn(asyncio.to_thread(_publish_quietly, [self.spec] * want))
+            self._spawn(asyncio.to_thread(publish_demand, [self.spec] * want))
 
     # ------------------------------------------------------------------------------ tasks
     async def _build(self, slot_id: str) -> None:
@@ -369,12 +369,12 @@ class SessionScheduler:
         use_gpus = bool(self.use_gpus)
         try:
             slot = await build_slot(slot_id, self.cfg, self.service, use_gpus=use_gpus, node_id=rec.admit.node_id)
-        except (PlacementTimeout, RayError, TimeoutError, ValueError, RuntimeError) as err:
+        except Exception as err:  # any failure: the slot is gone, and whoever waits on it must hear why
+            log.exception("slot %s failed to build", slot_id)
             async with self.lock:
                 self.pool.fail(slot_id)
                 self._remove_slot(slot_id)
                 reason = f"slot_failed: {classify(err) if isinstance(err, RayError) else err}"
-                log.warning("slot %s failed to build: %s", slot_id, reason)
                 while len(self.waiting) > self.pool.counts()["warming"]:
                     self._terminal(self.sessions[self.waiting.pop()], SessionStatus.FAILED, reason)
                 self._dispatch(time.monotonic())
@@ -403,31 +403,27 @@ class SessionScheduler:
             if self.pool.release(sess.lease, healthy=healthy) == "remove":
                 self._remove_slot(slot.slot_id)
             self._dispatch(time.monotonic())
+            if slot.slot_id in self.slots and slot.standby is None and not self._closing:  # kept: next actor
+                slot.standby = session_actor(slot, self.cfg, self.service)
 
     async def _drive(self, sess: _Session, slot: Slot) -> Outcome:
         spec = sess.spec
         if sess.end_reason is not None:
             return Outcome(SessionStatus.ENDED, sess.end_reason, True, SessionStats())
-        try:
-            path = str(self.service.output_path(spec.session_id, spec.output.path)) \
-                if spec.output.kind == "file" else None
-            actor: Any = ray.remote(SessionActor).options(
-                num_cpus=self.cfg.topology.room_cpus / 2, scheduling_strategy=slot.strategy(
-                    slot.spec.bundle_of("room"))).remote(spec, self.cfg, self.service, slot.workers(self.service),
-                                                         path, ray.get_runtime_context().current_actor)
-        except ValueError as err:
-            return Outcome(SessionStatus.FAILED, f"start_failed: {err}", True, SessionStats())
+        path = str(self.service.output_path(spec.session_id, spec.output.path)) if spec.output.kind == "file" else None
+        actor, slot.standby = slot.standby or session_actor(slot, self.cfg, self.service), None
         sess.actor = actor
-        for pcm, rate, channels in sess.pending_audio:
+        run = actor.run.remote(spec, path, ray.get_runtime_context().current_actor, time.time())
+        for pcm, rate, channels in sess.pending_audio:  # after run(): it makes the session's buffer live
             actor.push_audio.remote(pcm, rate, channels)
         sess.pending_audio.clear()
         if sess.end_reason is not None:
             actor.stop.remote(sess.end_reason)
         try:
-            outcome: Outcome = await actor.run.remote()
+            outcome: Outcome = await run
             return outcome
         except RayError as err:
-            return Outcome(SessionStatus.FAILED, f"session_actor_died: {classify(err)}", False, sess.info.stats)
+            return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
         finally:
             ray.kill(actor, no_restart=True)
 
@@ -452,8 +448,12 @@ class SessionScheduler:
         while True:
             await asyncio.sleep(self.service.tick_s)
             if time.monotonic() - self._nodes_at >= NODES_REFRESH_S:
-                nodes = await asyncio.to_thread(alive_nodes)
                 self._nodes_at = time.monotonic()
+                try:
+                    nodes = await asyncio.to_thread(alive_nodes)
+                except (RayError, OSError) as err:  # GCS hiccup: keep the last view, try again later
+                    log.warning("could not list the cluster's nodes: %s", err)
+                    continue
                 async with self.lock:
                     self.nodes = nodes
                     alive = {str(n["NodeID"]) for n in nodes}
@@ -461,8 +461,20 @@ class SessionScheduler:
                         if rec.admit.node_id not in alive and self.pool.state(rec.slot_id) in ("free", "warming"):
                             self.pool.fail(rec.slot_id)
                             self._remove_slot(rec.slot_id)
+                await self._check_free_slots()
             async with self.lock:
                 self._dispatch(time.monotonic())
+
+    async def _check_free_slots(self) -> None:
+        """Ping the workers of free warm slots: one that died idle is removed before a session gets it."""
+        free = [rec for rec in self.slots.values() if rec.slot is not None and self.pool.state(rec.slot_id) == "free"]
+        results = await asyncio.gather(*(ping_slot(rec.slot) for rec in free if rec.slot is not None))
+        async with self.lock:
+            for rec, alive in zip(free, results, strict=True):
+                if not alive and self.pool.state(rec.slot_id) == "free":
+                    log.warning("warm slot %s lost a worker while idle; removing it", rec.slot_id)
+                    self.pool.fail(rec.slot_id)
+                    self._remove_slot(rec.slot_id)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -480,25 +492,13 @@ class SessionScheduler:
             raise UnknownSession(session_id)
         return sess
 
-    def _validate(self, spec: SessionSpec) -> None:
-        g = self.cfg.model.generation
-        if spec.preset != self.service.preset:
-            raise ValueError(f"preset={spec.preset!r} is not served here; this service serves {self.service.preset!r}")
-        if spec.image.shape != (g.height, g.width, 3) or spec.image.dtype.name != "uint8":
-            raise ValueError(f"image is {spec.image.shape} {spec.image.dtype}, the preset needs "
-                             f"({g.height}, {g.width}, 3) uint8; resize it with characters.media.load_image")
-        if spec.max_duration_s <= 0:
-            raise ValueError(f"max_duration_s={spec.max_duration_s} must be > 0")
-        if spec.output.kind == "file":
-            self.service.output_path(spec.session_id, spec.output.path)
-
     def _check_quota(self, spec: SessionSpec) -> None:
         limit = self.service.max_sessions_per_key
         if not limit or spec.api_key_id is None:
             return
         live = sum(s.spec.api_key_id == spec.api_key_id and not s.terminal for s in self.sessions.values())
         if live >= limit:
-            raise Refused(f"API key has {live} live sessions, the limit is {limit}; end one first", 5.0,
+            raise NoCapacity(f"API key has {live} live sessions, the limit is {limit}; end one first", 5.0,
                              code="quota_exceeded")
 
     def _event(self, sess: _Session, kind: Any, **fields: Any) -> None:
@@ -531,15 +531,10 @@ class SessionScheduler:
                 return
 
 
-def _publish_quietly(specs: list[PlacementSpec]) -> None:
-    try:
-        publish_demand(specs)
-    except (RayError, RuntimeError, ValueError) as err:
-        log.warning("could not publish demand of %d sessions to the autoscaler: %s", len(specs), err)
-
-
 def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME) -> Any:
     """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one."""
-    return ray.remote(SessionScheduler).options(
+    handle: Any = ray.remote(SessionScheduler).options(
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_concurrency=1000).remote(service)
+    handle.capacity.remote()  # starts it: reads the cluster, fills the warm pool
+    return handle

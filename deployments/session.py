@@ -12,12 +12,17 @@ was published. A failure at any point ends the session FAILED with a machine-rea
 Audio: agent PCM is converted to float32 mono 16 kHz on arrival and queued; chunk k takes exactly
 the samples of `chunk_sample_range(k)` from the queue, padded with silence when the queue runs dry
 (the character idles; generation never stops). `clear_audio` drops the queue (interruption).
+
+Stats: `step_ms_p50/p95` are chunk latencies, submit -> published by the room (DiT step, handoff,
+decode, publish; pipelined, so up to `pipeline_depth` chunks overlap); `fps` and `late_chunks` are
+the room's playout measurements (`workers.PlayoutMeter`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -44,6 +49,8 @@ from deployments.types import SessionSpec, SessionStats, SessionStatus
 from deployments.workers import ChunkReport
 
 LATENCY_WINDOW = 120  # chunks kept for the latency percentiles (~20 s)
+
+log = logging.getLogger(__name__)
 
 
 class AudioBuffer:
@@ -134,18 +141,19 @@ class SessionRunner:
 
     def __init__(self, session_id: str, cfg: SessionConfig, *, max_duration_s: float, depth: int,
                  fetch_timeout_s: float, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None) -> None:
         g = cfg.model.generation
         self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
         self.clock, self.wall = clock, wall
-        self.audio = AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
+        self.audio = audio or AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
         self.stats = SessionStats()
         self.started_at: float | None = None
         self.terminal: tuple[SessionStatus, str] | None = None
         self._events: list[EventDraft] = []
         self._latency: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self._stop_reason: str | None = None
+        self.phases: dict[str, float] = {}  # start-up phases (seconds), reported with READY
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self.on_event: Callable[[], None] = lambda: None  # called (any thread) when a status changes
@@ -185,23 +193,30 @@ class SessionRunner:
 
     # ----------------------------------------------------------------------------- the loop thread
     def run(self, make_pipeline: Callable[[], Pipeline]) -> Outcome:
-        """Build the pipeline, announce READY, drive the loop until it stops, tear the pipeline down."""
+        """Build the pipeline, announce READY, drive the loop until it stops, tear the pipeline down.
+
+        A failure is announced at once (FAILED within a chunk of it). A normal end is returned but not
+        yet announced: the caller closes the output first, then calls `finish`, so a client that sees
+        ENDED finds the output complete."""
+        t0 = self.clock()
         try:
             pipeline = make_pipeline()
         except ChunkFailure as failure:
             return self.finish(SessionStatus.FAILED, f"start_failed: {failure}")
+        self.phases["compile_s"] = self.clock() - t0
         try:
             if self._stop_reason is None:
-                self.status(SessionStatus.READY)
+                self.status(SessionStatus.READY, " ".join(f"{k}={v:.3f}" for k, v in self.phases.items()))
             result = run_chunk_loop(
                 pipeline, session_id=self.session_id, audio=self.audio.take, chunk_s=self.chunk_s, depth=self.depth,
                 max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
                 wait=self._stopped.wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report)
             if result.failure is not None:
                 return self.finish(SessionStatus.FAILED, str(result.failure))
-            return self.finish(SessionStatus.ENDED, result.reason)
+            outcome = Outcome(SessionStatus.ENDED, result.reason, True, replace(self.stats))
         finally:
-            pipeline.close()
+            clean = pipeline.close()
+        return outcome if clean else replace(outcome, healthy=False)
 
     def _on_report(self, report: ChunkReport, submitted_at: float) -> None:
         """Chunk k was published; its latency is submit -> published (the room stamps it on this
@@ -229,49 +244,73 @@ class SessionRunner:
 
 class SessionActor:
     """Thin Ray actor for one session on one slot: prepares the workers, runs `SessionRunner` in a
-    thread, reports to the scheduler. Created by the scheduler inside the slot's placement group."""
+    thread, reports to the scheduler. It lives in the slot's room bundle and serves exactly one
+    session; the scheduler starts it ahead of time (with the slot, and again each time the slot is
+    returned), so a session does not wait for a Python process to start and import torch."""
 
-    def __init__(self, spec: SessionSpec, cfg: SessionConfig, service: ServiceConfig, workers: Workers,
-                 output_path: str | None, scheduler: Any | None) -> None:
-        self.spec, self.cfg, self.service, self.workers = spec, cfg, service, workers
-        self.output_path, self.scheduler = output_path, scheduler
-        self.runner = SessionRunner(spec.session_id, cfg, max_duration_s=spec.max_duration_s,
-                                    depth=service.pipeline_depth, fetch_timeout_s=service.chunk_timeout_s)
+    def __init__(self, cfg: SessionConfig, service: ServiceConfig, workers: Workers) -> None:
+        self.cfg, self.service, self.workers = cfg, service, workers
+        g = cfg.model.generation
+        self.audio = AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
+        self.runner: SessionRunner | None = None
+        self.scheduler: Any | None = None
+        self._early_stop: str | None = None
         self._wake: asyncio.Event | None = None
+        self._closing = False
 
     def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> float:
         """Queue agent audio (16-bit PCM, any rate and channel count); returns seconds queued."""
-        self.runner.audio.push(convert_pcm(pcm16_to_float(pcm16), sample_rate, channels))
-        return self.runner.audio.queued_s
+        self.audio.push(convert_pcm(pcm16_to_float(pcm16), sample_rate, channels))
+        return self.audio.queued_s
 
     def clear_audio(self) -> int:
-        return self.runner.audio.clear()
+        return self.audio.clear()
 
     def stop(self, reason: str) -> None:
-        self.runner.stop(reason)
+        if self.runner is None:
+            self._early_stop = self._early_stop or reason
+        else:
+            self.runner.stop(reason)
 
-    async def run(self) -> Outcome:
-        """Start the session on the slot, stream until it ends, and return how it ended."""
+    async def run(self, spec: SessionSpec, output_path: str | None, scheduler: Any | None,
+                  requested_at: float | None = None) -> Outcome:
+        """Start `spec` on the slot, stream until it ends, and return how it ended (once per actor)."""
+        if self.runner is not None:
+            raise RuntimeError("this SessionActor already ran a session; each session gets a fresh one")
+        self.spec, self.output_path, self.scheduler = spec, output_path, scheduler
+        self.runner = SessionRunner(spec.session_id, self.cfg, max_duration_s=spec.max_duration_s, audio=self.audio,
+                                    depth=self.service.pipeline_depth, fetch_timeout_s=self.service.chunk_timeout_s)
+        if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
+            self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
+        if self._early_stop is not None:
+            self.runner.stop(self._early_stop)
+        return await self._run(self.runner)
+
+    async def _run(self, runner: SessionRunner) -> Outcome:
         loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        wake = self._wake
+        self._wake = wake = asyncio.Event()
+
         def ring() -> None:
             loop.call_soon_threadsafe(wake.set)
 
-        self.runner.on_event = ring
+        runner.on_event = ring
         reporter = asyncio.create_task(self._report_loop())
         try:
             try:
+                t0 = time.monotonic()
                 await self._prepare()
+                runner.phases["prepare_s"] = time.monotonic() - t0
             except (RayError, ValueError, OSError) as err:
-                outcome = self.runner.finish(SessionStatus.FAILED, f"start_failed: {classify(err)}")
+                outcome = runner.finish(SessionStatus.FAILED, f"start_failed: {classify(err)}")
             else:
-                outcome = await asyncio.to_thread(self.runner.run, self._make_pipeline)
-            outcome = await self._close_room(outcome)
+                outcome = await asyncio.to_thread(runner.run, self._make_pipeline)
+            closed = await self._close_room()
+            final = runner.finish(outcome.status, outcome.reason)  # announced now: the output is complete
+            outcome = replace(final, healthy=outcome.healthy and closed and final.healthy)
         finally:
-            reporter.cancel()
-            await asyncio.gather(reporter, return_exceptions=True)
-        await self._send(self.runner.report())
+            self._closing = True
+            wake.set()
+            await reporter  # sends whatever is left, then returns
         return outcome
 
     async def _prepare(self) -> None:
@@ -289,26 +328,31 @@ class SessionActor:
                                 buffer_bytes=max(1 << 20, 2 * frame_bytes),
                                 teardown_timeout_s=self.service.teardown_timeout_s)
 
-    async def _close_room(self, outcome: Outcome) -> Outcome:
+    async def _close_room(self) -> bool:
+        """Finish the output (the MP4 trailer); False if the room could not (the slot is then removed)."""
         try:
             await asyncio.wait_for(asyncio.wrap_future(self.workers.room.close.remote().future()),
                                    self.service.chunk_timeout_s)
         except (RayError, TimeoutError, OSError) as err:
-            if outcome.healthy:
-                return self.runner.finish(SessionStatus.FAILED, f"room_close_failed: {classify(err)}")
-            return replace(outcome, healthy=False)
-        return outcome
+            log.warning("session %s: the room did not close: %s", self.spec.session_id, err)
+            return False
+        return True
 
     async def _report_loop(self) -> None:
-        assert self._wake is not None
+        """Report every `report_interval_s`, and at once on a status change; a last time on closing."""
+        assert self._wake is not None and self.runner is not None
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.service.report_interval_s)
             self._wake.clear()
             await self._send(self.runner.report())
+            if self._closing:
+                return
 
     async def _send(self, report: Report) -> None:
         if self.scheduler is None:
             return
-        with contextlib.suppress(RayError):  # the scheduler is gone: keep streaming, nobody listens
-            await self.scheduler.report.remote(self.spec.session_id, report)
+        # a gone or stuck scheduler must not stop the session: drop the report
+        with contextlib.suppress(RayError, TimeoutError):
+            await asyncio.wait_for(asyncio.wrap_future(
+                self.scheduler.report.remote(self.spec.session_id, report).future()), 10.0)

@@ -28,6 +28,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from characters.config import DType, SessionConfig, TopologyConfig, session_config
+from deployments.types import SessionSpec
 
 T = TypeVar("T")
 
@@ -151,6 +152,19 @@ class ServiceConfig(BaseModel):
                 "give a path relative to the output directory"
             )
         return target
+
+    def check_spec(self, spec: SessionSpec) -> None:
+        """Raise a ValueError naming the field when this service cannot run `spec` as given."""
+        g = self.session_config().model.generation
+        if spec.preset != self.preset:
+            raise ValueError(f"preset={spec.preset!r} is not served here; this service serves {self.preset!r}")
+        if spec.image.shape != (g.height, g.width, 3) or spec.image.dtype.name != "uint8":
+            raise ValueError(f"image is {spec.image.shape} {spec.image.dtype}, the preset needs "
+                             f"({g.height}, {g.width}, 3) uint8; resize it with characters.media.load_image")
+        if spec.max_duration_s <= 0:
+            raise ValueError(f"max_duration_s={spec.max_duration_s} must be > 0")
+        if spec.output.kind == "file":
+            self.output_path(spec.session_id, spec.output.path)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServiceConfig:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from placement.bundles import RESOURCE_UNITS, PlacementSpec, to_units
 from placement.policy import NodeCapacity
+
+log = logging.getLogger(__name__)
 
 
 class PlacementTimeout(RuntimeError):
@@ -93,8 +96,14 @@ def release(pg: PlacementGroup) -> None:
         remove_placement_group(pg)
 
 
-def publish_demand(specs: Sequence[PlacementSpec]) -> None:
-    """Tell the autoscaler the cluster should hold these sessions (replaces the previous request)."""
+def publish_demand(specs: Sequence[PlacementSpec]) -> bool:
+    """Tell the autoscaler the cluster should hold these sessions (replaces the previous request).
+    False (logged) when it could not: demand is a hint, never a reason to fail a session."""
     from ray.autoscaler.sdk import request_resources
 
-    request_resources(bundles=[dict(s.demand()) for s in specs])
+    try:
+        request_resources(bundles=[dict(s.demand()) for s in specs])
+    except (ray.exceptions.RayError, RuntimeError, ValueError, OSError) as err:
+        log.warning("could not publish the demand of %d sessions to the autoscaler: %s", len(specs), err)
+        return False
+    return True

@@ -12,7 +12,7 @@ import ray
 
 from deployments.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
-from deployments.types import NAMESPACE, OutputSpec, SessionEvent, SessionInfo, SessionSpec, SessionStatus
+from deployments.types import OutputSpec, SessionEvent, SessionInfo, SessionSpec, SessionStatus
 
 # A tiny preset cut down for speed on 2 cores: one DiT block, 64x96, a decoder without res blocks.
 SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}
@@ -88,8 +88,10 @@ def slots(sched: Any) -> list[dict[str, Any]]:
     return ray.get(sched.debug_slots.remote())  # type: ignore[no-any-return]
 
 
-def actor_ids(slot: dict[str, Any]) -> set[str]:
-    return {a._actor_id.hex() for a in slot["actors"]}
+def actor_ids(slot: dict[str, Any], standby: bool = False) -> set[str]:
+    """The slot's workers (and its standby session actor)."""
+    actors = [*slot["actors"], *([slot["standby"]] if standby and slot.get("standby") else [])]
+    return {a._actor_id.hex() for a in actors}
 
 
 def alive_actor_ids() -> set[str]:
@@ -103,5 +105,27 @@ def pg_state(pg_id: str) -> str:
     return str(ray.util.placement_group_table().get(pg_id, {}).get("state", "MISSING"))
 
 
-def named(name: str) -> Any:
-    return ray.get_actor(name, namespace=NAMESPACE)
+def reference_digests(service: ServiceConfig, session: SessionSpec, chunks: int) -> list[str]:
+    """The first chunks' frame digests of `session` made in this process, without Ray (silent audio)."""
+    from characters.audio import chunk_sample_range
+    from deployments.workers import ChunkInput, DecoderWorker, DiTWorker, RoomWorker
+
+    cfg = service.session_config()
+    dit, dec, room = DiTWorker(cfg), DecoderWorker(cfg), RoomWorker(cfg)
+    for w in (dit, dec):
+        w.init_device()
+    dit.init_process_group(0)
+    dec.init_process_group()
+    for w in (dit, dec):
+        w.load_weights()
+        w.warm_up()
+    sid = session.session_id
+    dit.start(sid, dec.encode_reference(sid, session.image), session.seed)
+    dec.start(sid)
+    room.open(sid, OutputSpec("null"))
+    out = []
+    for k in range(chunks):
+        a, b = chunk_sample_range(k, cfg.model.generation.frames_per_chunk)
+        inp = ChunkInput(sid, k, np.zeros(b - a, np.float32))
+        out.append(room.publish(inp, dec.decode(dit.step(inp))).digest)  # type: ignore[arg-type]
+    return out

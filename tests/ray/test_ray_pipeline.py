@@ -13,13 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from deploy_helpers import (
+    chunk_digests,
+    info,
+    reference_digests,
+    scheduler,
+    slots,
+    small_service,
+    spec,
+    wait_chunks,
+    wait_status,
+)
 
 from characters.config import TopologyConfig
 from characters.media import read_mp4
 from deployments.runtime import init_local
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionStatus
-from deploy_helpers import chunk_digests, info, scheduler, slots, small_service, spec, wait_chunks, wait_status
 
 pytestmark = pytest.mark.ray
 
@@ -70,12 +80,11 @@ def test_tensor_parallel_session_over_gloo() -> None:
         assert len(set(chunk_digests(sched, "tp2").values())) > 1
 
 
-def test_actor_call_fallback_makes_the_same_frames_as_the_compiled_graph() -> None:
-    digests = {}
-    for graph in ("compiled", "actor_calls"):
-        service = small_service(graph=graph)
-        with scheduler(service, f"t-{graph}") as sched:
-            ray.get(sched.create_session.remote(spec(graph, service, seed=5)))
-            digests[graph] = wait_chunks(sched, graph, 6)
-            assert info(sched, graph).status is SessionStatus.RUNNING
-    assert [digests["compiled"][k] for k in range(6)] == [digests["actor_calls"][k] for k in range(6)]
+def test_actor_call_fallback_makes_the_frames_of_the_single_process_engine() -> None:
+    service = small_service(graph="actor_calls")
+    session = spec("calls", service, seed=5)
+    with scheduler(service, "t-calls") as sched:
+        ray.get(sched.create_session.remote(session))
+        got = wait_chunks(sched, "calls", 6)
+        assert info(sched, "calls").status is SessionStatus.RUNNING
+    assert [got[k] for k in range(6)] == reference_digests(service, session, 6)

@@ -9,20 +9,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 import ray
-
-from deployments.runtime import init_local
-from deployments.types import NoCapacity, SessionStatus
 from deploy_helpers import (
     actor_ids,
     alive_actor_ids,
     chunk_digests,
     info,
     pg_state,
+    reference_digests,
     scheduler,
     slots,
     small_service,
@@ -31,6 +30,9 @@ from deploy_helpers import (
     wait_for,
     wait_status,
 )
+
+from deployments.runtime import init_local
+from deployments.types import NoCapacity, SessionStatus, UnknownSession
 
 pytestmark = pytest.mark.ray
 
@@ -63,7 +65,7 @@ def test_two_run_third_queues_then_takes_the_returned_slot() -> None:
 
 
 def test_fifty_concurrent_creates_never_over_commit() -> None:
-    service = small_service(queue_max=3)
+    service = small_service(queue_max=3, queue_timeout_s=4.0)
     with scheduler(service, "t-fifty") as sched:
 
         async def create(i: int) -> Any:
@@ -85,13 +87,30 @@ def test_fifty_concurrent_creates_never_over_commit() -> None:
         cap = ray.get(sched.capacity.remote())
         assert (cap.bundles_free, cap.queued) == (0, 3)
         assert len(slots(sched)) == 2
+        t0 = time.monotonic()
+        assert ray.get(sched.events.remote(queued[0].id, 1, 0.5)) == []  # long-poll: nothing new
+        assert time.monotonic() - t0 >= 0.5
+        # nothing frees a bundle: the queued requests fail at their deadline, in order
+        for q in queued:
+            ended = wait_status(sched, q.id, SessionStatus.FAILED, timeout_s=20)
+            assert ended.reason.startswith("queue_timeout: no bundle freed within 4 s")
+        assert ray.get(sched.capacity.remote()).queued == 0
 
 
 def test_queue_max_zero_refuses_with_retry_after() -> None:
-    service = small_service(queue_max=0)
+    service = small_service(queue_max=0, max_sessions_per_key=1)
     with scheduler(service, "t-refuse") as sched:
-        for s in ("a", "b"):
-            assert ray.get(sched.create_session.remote(spec(s, service))).status is SessionStatus.STARTING
+        created = ray.get(sched.create_session.remote(spec("a", service, api_key_id="k1")))
+        assert created.status is SessionStatus.STARTING
+        with pytest.raises(NoCapacity) as quota:
+            ray.get(sched.create_session.remote(spec("a2", service, api_key_id="k1")))
+        assert quota.value.code == "quota_exceeded"
+        created = ray.get(sched.create_session.remote(spec("b", service, api_key_id="k2")))
+        assert created.status is SessionStatus.STARTING
+        with pytest.raises(UnknownSession):
+            ray.get(sched.get_session.remote("nope"))
+        with pytest.raises(ValueError, match="needs \\(64, 96, 3\\) uint8"):
+            ray.get(sched.create_session.remote(replace(spec("c", service), image=np.zeros((8, 8, 3), np.uint8))))
         with pytest.raises(NoCapacity) as refused:
             ray.get(sched.create_session.remote(spec("c", service)))
         assert refused.value.retry_after_s >= 1
@@ -115,7 +134,7 @@ def test_endings_say_why_and_leave_nothing_behind() -> None:
         assert ray.get(sched.end_session.remote("deleted")).reason == "deleted"
         wait_for(lambda: first["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 30, "slot removal")
         wait_for(lambda: pg_state(first["pg_id"]) == "REMOVED", 10, "placement group removal")
-        wait_for(lambda: not actor_ids(first) & alive_actor_ids(), 10, "the removed slot's actors to exit")
+        wait_for(lambda: not actor_ids(first, standby=True) & alive_actor_ids(), 10, "the removed slot's actors")
 
         # max duration: ends by itself; its slot is reset and kept warm (target 1), actors alive.
         ended = wait_status(sched, "timed", SessionStatus.ENDED, timeout_s=30)
@@ -136,7 +155,7 @@ def test_endings_say_why_and_leave_nothing_behind() -> None:
         assert failed.status is SessionStatus.FAILED and failed.reason.startswith("actor_died: DiTWorker")
         wait_for(lambda: kept["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 30, "failed slot removal")
         wait_for(lambda: pg_state(kept["pg_id"]) == "REMOVED", 10, "placement group removal")
-        wait_for(lambda: not actor_ids(kept) & alive_actor_ids(), 10, "the failed slot's actors to exit")
+        wait_for(lambda: not actor_ids(kept, standby=True) & alive_actor_ids(), 10, "the failed slot's actors")
         assert [e.status for e in ray.get(sched.events.remote("killed", 0, 0.0)) if e.kind == "status"] == [
             SessionStatus.STARTING, SessionStatus.READY, SessionStatus.RUNNING, SessionStatus.FAILED]
 
@@ -159,3 +178,5 @@ def test_warm_slot_carries_no_state_between_sessions() -> None:
         a, b = chunk_digests(sched, "first"), chunk_digests(sched, "second")
         assert [a[k] for k in range(4)] == [b[k] for k in range(4)]
         assert len({a[k] for k in range(20)}) > 1  # the video does change over time
+    # and both are what the single-process engine makes: the compiled graph changes nothing
+    assert [a[k] for k in range(4)] == reference_digests(service, spec("first", service, seed=7), 4)

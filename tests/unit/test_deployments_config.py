@@ -14,7 +14,6 @@ from ray.exceptions import ActorDiedError, GetTimeoutError
 from characters.config import TopologyConfig
 from deployments.handoff import REFERENCE, HandoffError, pack, resolve_transport, unpack
 from deployments.pipeline import ChunkFailure, classify
-from deployments.scheduler import Refused
 from deployments.settings import QUEUE_MAX, USE_GPUS, ServiceConfig
 from deployments.types import NoCapacity
 from placement import AdmissionQueue, Admit, Request, bundles_for, decide, free_bundles
@@ -82,7 +81,7 @@ def test_failures_are_classified() -> None:
 
 
 def test_refusal_survives_pickling() -> None:
-    err = pickle.loads(pickle.dumps(Refused("full", 7.0, code="quota_exceeded")))
+    err = pickle.loads(pickle.dumps(NoCapacity("full", 7.0, code="quota_exceeded")))
     assert isinstance(err, NoCapacity) and (str(err), err.retry_after_s, err.code) == ("full", 7.0, "quota_exceeded")
 
 

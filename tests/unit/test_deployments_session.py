@@ -55,8 +55,9 @@ class FakePipeline:
         late = published > 0.05 + inp.chunk * CHUNK_S + 1e-9
         return ChunkReport(inp.session_id, inp.chunk, 4, late, 0.0, 24.0, f"d{inp.chunk}", published)
 
-    def close(self) -> None:
+    def close(self) -> bool:
         self.closed = True
+        return True
 
 
 def loop(pipe: FakePipeline, clock: VirtualClock, *, max_s: float = 1.0, depth: int = 2,
@@ -136,11 +137,15 @@ def test_runner_lifecycle_events_and_stats() -> None:
     outcome = r.run(lambda: pipe)
     assert (outcome.status, outcome.reason, outcome.healthy) == (SessionStatus.ENDED, "max_duration", True)
     assert pipe.closed
+    before = r.report()
+    assert before.terminal is None  # a normal end is announced once the output is closed
+    assert r.finish(outcome.status, outcome.reason) == outcome
     report = r.report()
-    statuses = [(e.status, e.detail) for e in report.events if e.kind == "status"]
-    assert statuses == [(SessionStatus.READY, None), (SessionStatus.RUNNING, None),
+    events = before.events + report.events
+    statuses = [(e.status, e.detail) for e in events if e.kind == "status"]
+    assert statuses == [(SessionStatus.READY, "compile_s=0.000"), (SessionStatus.RUNNING, None),
                         (SessionStatus.ENDED, "max_duration")]
-    assert [e.chunk for e in report.events if e.kind == "chunk"] == list(range(6))
+    assert [e.chunk for e in events if e.kind == "chunk"] == list(range(6))
     s = report.stats
     assert (s.chunks, s.frames, s.late_chunks) == (6, 24, 0)
     assert s.step_ms_p50 == pytest.approx(50.0)

@@ -53,11 +53,11 @@ def pcm(k: int) -> np.ndarray:
 
 
 def run_session(dit: DiTWorker, dec: DecoderWorker, room: RoomWorker, sid: str, image: np.ndarray,
-                chunks: int, output: OutputSpec = OutputSpec(), path: str | None = None) -> list[str]:
+                chunks: int, output: OutputSpec | None = None, path: str | None = None) -> list[str]:
     ref = dec.encode_reference(sid, image)
     dit.start(sid, ref, seed=11)
     dec.start(sid)
-    room.open(sid, output, path)
+    room.open(sid, output or OutputSpec(), path)
     digests = []
     for k in range(chunks):
         inp = ChunkInput(sid, k, pcm(k))
@@ -89,7 +89,7 @@ def test_chunks_flow_to_an_mp4_and_a_reset_leaves_no_state(workers: tuple[DiTWor
     second = run_session(dit, dec, room, "b", image, 6)
     assert first == second  # same seed and inputs: identical frames, nothing carried over
     assert len(set(first)) > 1
-    frames, fps, audio, rate = read_mp4(tmp_path / "a.mp4")
+    frames, fps, audio, _ = read_mp4(tmp_path / "a.mp4")
     assert frames.shape == (24, 64, 96, 3) and fps == 24 and audio.size > 0
 
 

@@ -1,0 +1,115 @@
+"""`MediaPublisher`: the character's camera and microphone tracks, fed by a `characters.pacing.Playout`.
+
+An async component (`start()` / `aclose()`): `start` publishes both tracks at once (the agent sends no
+audio before the avatar's video track exists) and starts the playout task, which sleeps until the
+playout's next due time (or a new chunk), hands video frames to the `VideoSource` (RGB24, no
+simulcast, one layer at `fps`) and 10 ms audio frames to the `AudioSource` (16 kHz mono), and passes
+segment events to `on_event`. The A/V offset it reports is measured: the audio source's queue at
+each push is passed to the playout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+from livekit import rtc
+
+from characters.pacing import AudioOut, PacingConfig, Playout, PlayoutStats, SegmentEvent, VideoOut
+from deployments.livekit.config import MediaFormat
+
+log = logging.getLogger(__name__)
+
+AUDIO_QUEUE_MS = 400  # the audio source's queue: the playout keeps ~audio_lead_s in it
+
+
+class MediaPublisher:
+    """Publishes paced chunks into a connected room. Use from the room's event loop only."""
+
+    def __init__(self, room: rtc.Room, media: MediaFormat, pacing: PacingConfig | None = None, *,
+                 on_event: Callable[[SegmentEvent], None] = lambda e: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.room, self.media, self.on_event, self.clock = room, media, on_event, clock
+        self.pacing = pacing or PacingConfig(fps=media.fps, frames_per_chunk=media.frames_per_chunk,
+                                             sample_rate=media.sample_rate)
+        if (self.pacing.fps, self.pacing.sample_rate) != (media.fps, media.sample_rate):
+            raise ValueError(f"pacing fps/sample_rate {self.pacing.fps}/{self.pacing.sample_rate} differ from the "
+                             f"published format's {media.fps}/{media.sample_rate}; make them equal")
+        self.playout = Playout(self.pacing, clock=clock)
+        self.video_source: rtc.VideoSource | None = None
+        self.audio_source: rtc.AudioSource | None = None
+        self.video_publication: rtc.LocalTrackPublication | None = None
+        self.audio_publication: rtc.LocalTrackPublication | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        m = self.media
+        self.video_source = rtc.VideoSource(m.width, m.height)
+        self.audio_source = rtc.AudioSource(m.sample_rate, 1, queue_size_ms=AUDIO_QUEUE_MS)
+        lp = self.room.local_participant
+        video = rtc.LocalVideoTrack.create_video_track("character-video", self.video_source)
+        self.video_publication = await lp.publish_track(video, rtc.TrackPublishOptions(
+            source=rtc.TrackSource.SOURCE_CAMERA, simulcast=False,
+            video_encoding=rtc.VideoEncoding(max_framerate=m.fps, max_bitrate=m.max_bitrate)))
+        audio = rtc.LocalAudioTrack.create_audio_track("character-audio", self.audio_source)
+        self.audio_publication = await lp.publish_track(audio, rtc.TrackPublishOptions(
+            source=rtc.TrackSource.SOURCE_MICROPHONE))
+        self._task = asyncio.create_task(self._run(), name="livekit-playout")
+
+    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
+        """Queue a chunk for playout (see `Playout.push`); wakes the playout task."""
+        self.playout.push(frames, pcm, speech_samples)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def flush_audio(self) -> None:
+        """Drop audio queued in the audio source (an interruption cut it)."""
+        if self.audio_source is not None:
+            self.audio_source.clear_queue()
+        self._wake.set()
+
+    def stats(self) -> PlayoutStats:
+        return self.playout.stats()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for source in (self.audio_source, self.video_source):
+            if source is not None:
+                await source.aclose()
+        self.audio_source = self.video_source = None
+
+    async def _run(self) -> None:
+        assert self.video_source is not None and self.audio_source is not None
+        video, audio = self.video_source, self.audio_source
+        w, h = self.media.width, self.media.height
+        while True:
+            due = self.playout.next_due()
+            delay = None if due is None else due - self.clock()
+            if delay is None or delay > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            for item in self.playout.poll(audio_queue_s=audio.queued_duration):
+                if isinstance(item, VideoOut):
+                    if item.frame.shape != (h, w, 3):
+                        raise ValueError(f"frame is {item.frame.shape}, the video track is ({h}, {w}, 3); "
+                                         "publish at the preset's resolution")
+                    video.capture_frame(rtc.VideoFrame(w, h, rtc.VideoBufferType.RGB24,
+                                                       np.ascontiguousarray(item.frame).tobytes()))
+                elif isinstance(item, AudioOut):
+                    await audio.capture_frame(rtc.AudioFrame(item.samples.tobytes(), self.media.sample_rate, 1,
+                                                             item.samples.size))
+                else:
+                    self.on_event(item)

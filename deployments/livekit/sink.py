@@ -1,0 +1,148 @@
+"""`LiveKitSink`: the `deployments.workers.MediaSink` protocol (`write(frames, pcm)` / `close()`) over a
+`LiveKitRoom`, for synchronous callers such as the `RoomWorker` actor.
+
+The sink owns a thread that runs the room's asyncio event loop. `start()` blocks until the room is
+joined and both tracks are published (or raises `RoomError`); `write()` never blocks: it hands the
+chunk to the loop and returns (the chunk loop must not wait on media I/O); `close()` leaves the room,
+stops the loop and joins the thread (idempotent). `ended` / `end_reason` tell whether the room left by
+itself (END_CALL, agent left, max duration, ...); the `AgentAudioHandler` was told already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+import numpy as np
+
+from characters.pacing import PacingConfig
+from deployments.livekit.config import LiveKitOutput, MediaFormat
+from deployments.livekit.room import AgentAudioHandler, LiveKitRoom, RoomError, RoomStats
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class LiveKitSink:
+    """Publishes a session's chunks into a LiveKit room from any thread."""
+
+    def __init__(self, output: LiveKitOutput, media: MediaFormat, handler: AgentAudioHandler | None = None, *,
+                 pacing: PacingConfig | None = None, max_duration_s: float | None = None,
+                 start_timeout_s: float = 15.0, close_timeout_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.output, self.media, self.handler = output, media, handler
+        self.pacing, self.max_duration_s, self.clock = pacing, max_duration_s, clock
+        self.start_timeout_s, self.close_timeout_s = start_timeout_s, close_timeout_s
+        self.room: LiveKitRoom | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.dropped_writes = 0
+
+    def start(self) -> None:
+        """Start the loop thread, join the room and publish; raises RoomError (after cleaning up) on failure."""
+        if self._thread is not None:
+            raise RuntimeError("LiveKitSink.start() called twice; create a new sink per session")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name=f"livekit-{self.output.room_name[:32]}",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._start_room(), self.start_timeout_s)
+        except FutureTimeout as e:
+            self.close()
+            raise RoomError(f"joining room {self.output.room_name!r} at {self.output.url} took over "
+                            f"{self.start_timeout_s:g} s; check that the server is reachable") from e
+        except BaseException:
+            self.close()
+            raise
+
+    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
+        """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout; never blocks.
+        `speech_samples`: how many leading samples are agent speech (inferred when None)."""
+        loop, room = self._loop, self.room
+        if loop is None or room is None or self._closed or loop.is_closed():
+            self.dropped_writes += 1
+            return
+        loop.call_soon_threadsafe(self._push, room, frames, pcm, speech_samples)
+
+    @property
+    def ended(self) -> bool:
+        return self.room is not None and self.room.ended.is_set()
+
+    @property
+    def end_reason(self) -> str | None:
+        return None if self.room is None else self.room.end_reason
+
+    def stats(self, timeout_s: float = 2.0) -> RoomStats | None:
+        """A snapshot taken on the loop (None before start or after close)."""
+        room = self.room
+        if room is None or room.publisher is None or self._closed:
+            return None
+
+        async def snap() -> RoomStats:
+            return room.stats()
+
+        return self._call(snap(), timeout_s)
+
+    def close(self) -> None:
+        """Leave the room, stop the loop, join the thread. Idempotent; safe after a failed start."""
+        if self._closed:
+            return
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("LiveKitSink.close() called on the room's own thread (from a handler callback?); "
+                               "that would deadlock: close it from another thread")
+        self._closed = True
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if self.room is not None:
+            try:
+                self._call(self.room.aclose(), self.close_timeout_s)
+            except (FutureTimeout, RuntimeError, OSError) as e:
+                log.warning("closing room %r: %s", self.output.room_name, type(e).__name__)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(self.close_timeout_s)
+        if not thread.is_alive():
+            loop.close()
+
+    # ----------------------------------------------------------------------------- loop thread
+    def _run_loop(self) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        pending = asyncio.all_tasks(self._loop)  # tasks of the rtc SDK that outlive the room
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def _start_room(self) -> None:
+        room = self.room = LiveKitRoom(self.output, self.media, self.handler, pacing=self.pacing,
+                                       max_duration_s=self.max_duration_s, clock=self.clock)
+        try:
+            await room.start()
+        except BaseException:  # a failure or the start timeout's cancellation: leave nothing behind
+            await room.aclose()
+            raise
+
+    def _push(self, room: LiveKitRoom, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None) -> None:
+        try:
+            room.push_chunk(frames, pcm, speech_samples)
+        except ValueError as e:
+            self.dropped_writes += 1
+            log.error("chunk refused by the playout: %s", e)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        assert self._loop is not None
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout_s)
+        except FutureTimeout:
+            fut.cancel()
+            raise
