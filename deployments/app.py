@@ -122,18 +122,35 @@ class ActorScheduler:
     async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
         return await self._call("events", session_id, after_seq, timeout_s)
 
+    async def set_draining(self, draining: bool) -> None:
+        await self._call("set_draining", draining)
+
 
 class _Ingress(CharactersGrpc):
     """HTTP routes (built per replica by `__serve_build_asgi_app__`) and the gRPC methods, over one frontend."""
 
     def __init__(self, service: ServiceConfig, api: ApiConfig) -> None:
         self.keys = ApiKeys.from_env()
-        self.frontend = SessionFrontend(ActorScheduler(service), api)
+        self.scheduler = ActorScheduler(service)
+        self.frontend = SessionFrontend(self.scheduler, api)
         logger.info("characters ingress: preset %s, API keys %s", service.preset,
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_http_app(self.frontend, self.keys)
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve `user_config`: `{draining: bool}`. Draining (an upgrade to a new cluster) makes the
+        scheduler refuse new creates with 503 `draining` + Retry-After and end queued requests, while
+        running sessions go on; changing only user_config restarts no replica."""
+        unknown = sorted(set(config) - {"draining"})
+        if unknown:
+            raise ValueError(f"unknown user_config keys {unknown}; the ingress takes only 'draining'")
+        draining = config.get("draining", False)
+        if not isinstance(draining, bool):
+            raise ValueError(f"user_config.draining={draining!r} must be true or false")
+        await self.scheduler.set_draining(draining)
+        logger.info("characters ingress: draining %s", "on" if draining else "off")
 
 
 CharactersIngress: Deployment = serve.deployment(

@@ -109,6 +109,9 @@ class _SlotRecord:
     built_for: str | None = None
 
 
+DRAIN_RETRY_AFTER_S = 1.0
+
+
 class SessionScheduler:
     """Async Ray actor (see the module docstring); create it with `get_or_create_scheduler`."""
 
@@ -130,11 +133,15 @@ class SessionScheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._demand: int | None = None
         self._nodes_at = float("-inf")
+        self.draining = False
 
     # ------------------------------------------------------------------------------ the interface
     async def create_session(self, spec: SessionSpec) -> SessionInfo:
         await self._start()
         self.service.check_spec(spec)
+        if self.draining:
+            raise NoCapacity("this service is draining for an upgrade and takes no new sessions; retry (the new "
+                             "cluster takes them)", DRAIN_RETRY_AFTER_S, code="draining")
         async with self.lock:
             old = self.sessions.get(spec.session_id)
             if old is not None and not old.terminal:
@@ -175,6 +182,21 @@ class SessionScheduler:
 
     async def get_session(self, session_id: str) -> SessionInfo:
         return self._get(session_id).info
+
+    async def set_draining(self, draining: bool) -> None:
+        """Upgrade drain (idempotent; every ingress replica calls it): refuse new creates, end queued and
+        waiting requests with reason `draining` so their clients retry against the new cluster, keep no
+        warm slots beyond the running sessions; running sessions finish or reach their max duration."""
+        async with self.lock:
+            self.draining = draining
+            self.pool.set_target(0 if draining else self.service.warm_slots)
+            if not draining:
+                return
+            for sid in [*self.queue.ids, *self.waiting]:
+                self.queue = self.queue.remove(sid)
+                self._terminal(self.sessions[sid], SessionStatus.ENDED, "draining")
+            self.waiting = []
+            self._publish_demand()
 
     async def list_sessions(self) -> list[SessionInfo]:
         return [s.info for s in self.sessions.values()]

@@ -97,6 +97,29 @@ def test_fifty_concurrent_creates_never_over_commit() -> None:
         assert ray.get(sched.capacity.remote()).queued == 0
 
 
+def test_draining_refuses_new_and_ends_queued_while_running_sessions_go_on() -> None:
+    service = small_service(queue_max=2)
+    with scheduler(service, "t-drain") as sched:
+        for s in ("a", "b", "c"):
+            ray.get(sched.create_session.remote(spec(s, service)))
+        wait_status(sched, "a", SessionStatus.RUNNING)
+        assert info(sched, "c").status is SessionStatus.QUEUED
+        ray.get(sched.set_draining.remote(True))
+        ray.get(sched.set_draining.remote(True))  # idempotent: every ingress replica calls it
+        assert (info(sched, "c").status, info(sched, "c").reason) == (SessionStatus.ENDED, "draining")
+        with pytest.raises(NoCapacity) as refused:
+            ray.get(sched.create_session.remote(spec("d", service)))
+        assert (refused.value.code, refused.value.retry_after_s) == ("draining", 1.0)
+        chunks = info(sched, "a").stats.chunks
+        wait_chunks(sched, "a", chunks + 3)  # the running session keeps going
+        assert ray.get(sched.capacity.remote()).queued == 0
+        ray.get(sched.set_draining.remote(False))
+        assert ray.get(sched.create_session.remote(spec("d", service))).status in (
+            SessionStatus.QUEUED, SessionStatus.STARTING)
+        for s in ("a", "b", "d"):
+            ray.get(sched.end_session.remote(s))
+
+
 def test_queue_max_zero_refuses_with_retry_after() -> None:
     service = small_service(queue_max=0, max_sessions_per_key=1)
     with scheduler(service, "t-refuse") as sched:
