@@ -19,6 +19,8 @@ speech is never exactly 0.0 and the playout can tell it from padding (`character
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -34,6 +36,31 @@ END_CALL = "END_CALL"
 SAMPLE_RATE = 16000
 RATE_RANGE = (8000, 48000)
 MAX_CHANNELS = 2
+
+
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+
+
+def redact(text: str) -> str:
+    """`text` with every JWT (LiveKit access tokens) replaced: server errors echo rejected tokens."""
+    return _JWT.sub("<token redacted>", text)
+
+
+class _RedactTokens(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def redact_livekit_logs() -> None:
+    """Redact tokens in the `livekit` logger, where the Rust SDK's logs land (it logs a rejected token in
+    full). Idempotent."""
+    logger = logging.getLogger("livekit")
+    if not any(isinstance(f, _RedactTokens) for f in logger.filters):
+        logger.addFilter(_RedactTokens())
 
 
 class ProtocolError(ValueError):

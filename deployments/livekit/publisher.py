@@ -60,9 +60,15 @@ class MediaPublisher:
         self.audio_publication = await lp.publish_track(audio, rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_MICROPHONE))
         self._task = asyncio.create_task(self._run(), name="livekit-playout")
+        self._task.add_done_callback(self._done)
 
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
-        """Queue a chunk for playout (see `Playout.push`); wakes the playout task."""
+        """Queue a chunk for playout (see `Playout.push`); wakes the playout task. The arrays are kept
+        until played: the caller must not modify them afterwards."""
+        h, w = self.media.height, self.media.width
+        if frames.ndim != 4 or frames.shape[1:] != (h, w, 3):
+            raise ValueError(f"frames are {frames.shape}, the video track takes (F, {h}, {w}, 3); publish at the "
+                             "preset's resolution")
         self.playout.push(frames, pcm, speech_samples)
         self._wake.set()
 
@@ -78,12 +84,16 @@ class MediaPublisher:
     def stats(self) -> PlayoutStats:
         return self.playout.stats()
 
+    @staticmethod
+    def _done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the playout task failed: %r; the character's media stopped", task.exception())
+
     async def aclose(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.gather(task, return_exceptions=True)
         for source in (self.audio_source, self.video_source):
             if source is not None:
                 await source.aclose()
@@ -103,9 +113,6 @@ class MediaPublisher:
                 continue
             for item in self.playout.poll(audio_queue_s=audio.queued_duration):
                 if isinstance(item, VideoOut):
-                    if item.frame.shape != (h, w, 3):
-                        raise ValueError(f"frame is {item.frame.shape}, the video track is ({h}, {w}, 3); "
-                                         "publish at the preset's resolution")
                     video.capture_frame(rtc.VideoFrame(w, h, rtc.VideoBufferType.RGB24,
                                                        np.ascontiguousarray(item.frame).tobytes()))
                 elif isinstance(item, AudioOut):

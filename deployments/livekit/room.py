@@ -9,18 +9,25 @@ Agent audio path: each `lk.audio_stream` byte stream is one speech segment; segm
 time, in arrival order. Their PCM is decoded to 16 kHz mono 16-bit (`AgentAudioDecoder`) and handed to
 `handler.push_audio(pcm16, 16000, 1)`; the playout's ledger records it (`Playout.speech_sent`), so
 that the frames generated from it start and finish the segment (`lk.playback_started`,
-`lk.playback_finished`). A stream left open when the next one starts, or idle for
-`STREAM_IDLE_TIMEOUT_S`, ends (its trailer was lost).
+`lk.playback_finished`). A stream whose trailer was lost ends when idle for `STREAM_IDLE_TIMEOUT_S`,
+or for `SUPERSEDED_GRACE_S` once the next stream has begun.
 
 Interruption: RPC `lk.clear_buffer` from the agent -> the rest of the current stream is discarded,
 `handler.clear_audio()` drops the session's queued audio (it returns the samples dropped, maybe as an
 awaitable), the playout blanks every chunk made from the interrupted speech and the audio source's
-queue is flushed, then each unfinished segment is reported `interrupted=true`.
+queue is flushed, then each unfinished segment is reported `interrupted=true`. Timing (the contract the
+tests check): `lk.playback_finished` leaves as soon as `clear_audio` answers (at most `CLEAR_TIMEOUT_S`;
+~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once; the video holds
+the last frame until the first chunk generated after the clear, which plays on its original schedule:
+about (chunks in flight + jitter buffer) chunk durations later, ~0.5-0.7 s with 2 in flight.
 
 Leaving: on a reliable data message `{"type": "END_CALL"}`, when the agent participant leaves (or, with
 no agent identity, the last remote participant), when the server disconnects us, at `max_duration_s`,
 or on `aclose()`. All but `aclose()` call `handler.end_session(reason)` first (reasons: end_call,
 agent_left, room_empty, room_disconnected, max_duration).
+
+`on_playback(event)` observes each segment's start (with its latency: speech handed to the session ->
+first frame shown) and finish, e.g. for the session's event log and metrics.
 
 Handler calls run on the room's loop and must not block: return at once (a Ray `.remote()` returns
 an ObjectRef, which is awaitable; the room awaits `clear_audio`'s result for at most
@@ -39,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from livekit import rtc
+from livekit.rtc.participant import PublishTrackError
 
 from characters.pacing import PacingConfig, PlayoutStats, SegmentEvent
 from deployments.livekit.config import LiveKitOutput, MediaFormat
@@ -52,15 +60,20 @@ from deployments.livekit.protocol import (
     ProtocolError,
     is_end_call,
     playback_finished_payload,
+    redact,
+    redact_livekit_logs,
     stream_format,
 )
 from deployments.livekit.publisher import MediaPublisher
 
 log = logging.getLogger(__name__)
+redact_livekit_logs()
 
 STREAM_IDLE_TIMEOUT_S = 10.0
+SUPERSEDED_GRACE_S = 0.5
 CLEAR_TIMEOUT_S = 1.0
 RPC_ATTEMPTS = 3
+SNAPSHOT_INTERVAL_S = 0.5
 
 
 class AgentAudioHandler(Protocol):
@@ -90,8 +103,9 @@ class RoomStats:
 class LiveKitRoom:
     def __init__(self, output: LiveKitOutput, media: MediaFormat, handler: AgentAudioHandler | None = None, *,
                  pacing: PacingConfig | None = None, max_duration_s: float | None = None,
-                 connect_timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.output, self.media, self.handler = output, media, handler
+                 connect_timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 on_playback: Callable[[SegmentEvent], None] | None = None) -> None:
+        self.output, self.media, self.handler, self.on_playback = output, media, handler, on_playback
         self.max_duration_s, self.connect_timeout_s, self.clock = max_duration_s, connect_timeout_s, clock
         self.pacing = pacing
         self.room: rtc.Room | None = None
@@ -111,6 +125,7 @@ class LiveKitRoom:
         self._seen_remote = False
         self._timer: asyncio.TimerHandle | None = None
         self._n = {"segments": 0, "samples": 0, "clears": 0}
+        self.snapshot: RoomStats | None = None  # refreshed every SNAPSHOT_INTERVAL_S: read it from any thread
 
     # ----------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -129,13 +144,14 @@ class LiveKitRoom:
             self.publisher = MediaPublisher(room, self.media, self.pacing, on_event=self._on_segment_event,
                                             clock=self.clock)
             await self.publisher.start()
-        except (rtc.ConnectError, TimeoutError, RuntimeError) as e:
+        except (rtc.ConnectError, PublishTrackError, TimeoutError, RuntimeError) as e:
             await self.aclose()
             raise RoomError(f"could not join room {self.output.room_name!r} at {self.output.url} and publish "
-                            f"({type(e).__name__}: {e}); check the URL, that the token grants roomJoin, "
+                            f"({type(e).__name__}: {redact(str(e))}); check the URL, that the token grants roomJoin, "
                             "canPublish and canPublishData for that room, and that it has not expired") from e
         self._seen_remote = bool(room.remote_participants)
-        for coro, name in ((self._read_segments(), "segments"), (self._send_rpcs(), "rpcs")):
+        for coro, name in ((self._read_segments(), "segments"), (self._send_rpcs(), "rpcs"),
+                           (self._refresh_snapshot(), "stats")):
             self._spawn(coro, f"livekit-{name}")
         if self.max_duration_s is not None:
             self._timer = asyncio.get_running_loop().call_later(self.max_duration_s, self._leave, "max_duration")
@@ -165,6 +181,11 @@ class LiveKitRoom:
         """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them."""
         if self.publisher is not None and not self.ended.is_set():
             self.publisher.push(frames, pcm, speech_samples)
+
+    async def _refresh_snapshot(self) -> None:
+        while True:
+            self.snapshot = self.stats()
+            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
 
     def stats(self) -> RoomStats:
         assert self.publisher is not None, "stats() before start()"
@@ -229,7 +250,7 @@ class LiveKitRoom:
             log.warning("ignored an audio stream from %r: not the agent this character voices", identity)
             return
         if self._current is not None:
-            self._superseded.set()  # a new segment while one is open: the open one's trailer was lost
+            self._superseded.set()  # a new segment while one is open: finish the open one promptly
         self._streams.put_nowait((reader, identity))
 
     async def _read_segments(self) -> None:
@@ -252,7 +273,7 @@ class LiveKitRoom:
             except ProtocolError as e:
                 log.warning("audio stream %s refused: %s", segment, e)
                 decoder = None
-            async for data in self._iter_stream(reader):
+            async for data in self._iter_stream(reader, segment):
                 if decoder is not None and segment not in self._cleared:
                     self._send_speech(segment, decoder.decode(data))
             if decoder is not None and segment not in self._cleared:
@@ -262,26 +283,36 @@ class LiveKitRoom:
                 self._on_segment_event(event)
             self.publisher.wake()
 
-    async def _iter_stream(self, reader: rtc.ByteStreamReader) -> AsyncIterator[bytes]:
-        """The stream's chunks until it closes, is superseded, or stays idle too long."""
+    async def _iter_stream(self, reader: rtc.ByteStreamReader, segment: str) -> AsyncIterator[bytes]:
+        """The stream's chunks until it closes, is interrupted, or its trailer is lost: idle for
+        STREAM_IDLE_TIMEOUT_S, or for SUPERSEDED_GRACE_S once the next stream began (data is ordered: what
+        was sent before the next header is already here, so a trailer that is coming comes at once)."""
         it = reader.__aiter__()
-        superseded = asyncio.ensure_future(self._superseded.wait())
+        nxt: asyncio.Future[bytes] | None = None
         try:
-            while True:
-                nxt = asyncio.ensure_future(it.__anext__())
-                done, _ = await asyncio.wait({nxt, superseded}, timeout=STREAM_IDLE_TIMEOUT_S,
+            while segment not in self._cleared:
+                nxt = nxt or asyncio.ensure_future(it.__anext__())
+                grace = self._superseded.is_set()
+                waiters: list[asyncio.Future[Any]] = [nxt] if grace else [
+                    nxt, asyncio.ensure_future(self._superseded.wait())]
+                done, _ = await asyncio.wait(waiters, timeout=SUPERSEDED_GRACE_S if grace else STREAM_IDLE_TIMEOUT_S,
                                              return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
-                    log.warning("audio stream %s ended without its trailer (%s)", reader.info.stream_id,
-                                "superseded" if superseded in done else "idle")
-                    return
-                try:
-                    yield nxt.result()
-                except StopAsyncIteration:
+                for waiter in waiters[1:]:
+                    waiter.cancel()
+                if nxt in done:
+                    try:
+                        data = nxt.result()
+                    except StopAsyncIteration:
+                        return
+                    nxt = None
+                    yield data
+                elif not done:
+                    log.warning("audio stream %s ended without its trailer (%s)", segment,
+                                "superseded" if grace else "idle")
                     return
         finally:
-            superseded.cancel()
+            if nxt is not None:
+                nxt.cancel()
 
     def _send_speech(self, segment: str, pcm16: bytes) -> None:
         if not pcm16:
@@ -299,7 +330,7 @@ class LiveKitRoom:
         self._n["clears"] += 1
         if self._current is not None:
             self._cleared.add(self._current)
-            self._superseded.set()  # stop reading the interrupted stream now
+            self._superseded.set()  # wake the reader: it stops reading the interrupted stream
         queued = 0  # streams sent before the clear and not yet read: interrupted before they started
         while not self._streams.empty():
             self._streams.get_nowait()
@@ -330,6 +361,11 @@ class LiveKitRoom:
 
     # ----------------------------------------------------------------------------- notifications
     def _on_segment_event(self, event: SegmentEvent) -> None:
+        if self.on_playback is not None:
+            try:
+                self.on_playback(event)
+            except Exception as e:  # noqa: BLE001 (an observer must not stop the playout)
+                log.warning("on_playback failed: %s: %s", type(e).__name__, e)
         if event.kind == "started":
             if not self._started_unsupported:
                 self._rpcs.put_nowait((RPC_PLAYBACK_STARTED, ""))

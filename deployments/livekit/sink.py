@@ -4,8 +4,27 @@
 The sink owns a thread that runs the room's asyncio event loop. `start()` blocks until the room is
 joined and both tracks are published (or raises `RoomError`); `write()` never blocks: it hands the
 chunk to the loop and returns (the chunk loop must not wait on media I/O); `close()` leaves the room,
-stops the loop and joins the thread (idempotent). `ended` / `end_reason` tell whether the room left by
-itself (END_CALL, agent left, max duration, ...); the `AgentAudioHandler` was told already.
+stops the loop and joins the thread (idempotent; never call it from a handler callback, which runs on
+that thread). `ended` / `end_reason` tell whether the room left by itself; `latest_stats` is a
+non-blocking snapshot (fps, late chunks, buffer depth, A/V offset) for ChunkReport / telemetry.
+
+Wiring into the session (the lead integrates; nothing here imports Ray):
+
+- `RoomWorker.open(session_id, output, path, session=None)`: for `output.kind == "livekit"` build
+  `LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk), handler,
+  max_duration_s=spec.max_duration_s + 5, on_playback=...)` and `start()` it (RoomError -> the
+  session fails `start_failed`). `handler` forwards to the `SessionActor` (pass its handle from
+  `SessionActor._prepare`: `ray.get_runtime_context().current_actor`):
+      push_audio(pcm16, rate, ch) -> session.push_audio.remote(pcm16, rate, ch)  (always 16000, 1)
+      clear_audio()               -> session.clear_audio.remote()   (an ObjectRef[int]: awaited, <= 1 s)
+      end_session(reason)         -> session.stop.remote(reason)    (end_call, agent_left, room_empty, ...)
+  The chunk loop then ends with that reason and `SessionActor._close_room` closes the sink.
+- `RoomWorker.publish`: `self.sink.write(frames.frames, inp.pcm)` as for the other sinks. Exact segment
+  accounting needs no change (agent speech never contains exact zeros, padding does); if ChunkInput
+  gains the count of queued samples `AudioBuffer.take` used, pass it as `speech_samples=`.
+- DELETE / max duration / failure: the session ends as today and `RoomWorker.close()` -> `sink.close()`.
+- `on_playback(SegmentEvent)` (on the room's thread): forward as SessionEvent kinds "playback_started"
+  / "playback_finished"; `event.latency_s` on starts is agent speech -> first frame published.
 """
 
 from __future__ import annotations
@@ -21,7 +40,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from characters.pacing import PacingConfig
+from characters.pacing import PacingConfig, SegmentEvent
 from deployments.livekit.config import LiveKitOutput, MediaFormat
 from deployments.livekit.room import AgentAudioHandler, LiveKitRoom, RoomError, RoomStats
 
@@ -35,8 +54,9 @@ class LiveKitSink:
     def __init__(self, output: LiveKitOutput, media: MediaFormat, handler: AgentAudioHandler | None = None, *,
                  pacing: PacingConfig | None = None, max_duration_s: float | None = None,
                  start_timeout_s: float = 15.0, close_timeout_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.output, self.media, self.handler = output, media, handler
+                 clock: Callable[[], float] = time.monotonic,
+                 on_playback: Callable[[SegmentEvent], None] | None = None) -> None:
+        self.output, self.media, self.handler, self.on_playback = output, media, handler, on_playback
         self.pacing, self.max_duration_s, self.clock = pacing, max_duration_s, clock
         self.start_timeout_s, self.close_timeout_s = start_timeout_s, close_timeout_s
         self.room: LiveKitRoom | None = None
@@ -64,13 +84,19 @@ class LiveKitSink:
             raise
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
-        """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout; never blocks.
-        `speech_samples`: how many leading samples are agent speech (inferred when None)."""
+        """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout (copied); never
+        blocks. `speech_samples`: how many leading samples are agent speech (inferred when None)."""
+        h, w = self.media.height, self.media.width
+        if frames.ndim != 4 or frames.shape[1:] != (h, w, 3) or frames.dtype != np.uint8 or pcm.ndim != 1 \
+                or pcm.dtype != np.float32:
+            raise ValueError(f"LiveKitSink.write takes (F, {h}, {w}, 3) uint8 frames and (n,) float32 16 kHz audio, "
+                             f"got {frames.shape} {frames.dtype} and {pcm.shape} {pcm.dtype}")
         loop, room = self._loop, self.room
         if loop is None or room is None or self._closed or loop.is_closed():
             self.dropped_writes += 1
             return
-        loop.call_soon_threadsafe(self._push, room, frames, pcm, speech_samples)
+        # copies (~0.6 MB per tiny chunk): a compiled graph's channel may reuse the buffers the arrays view
+        loop.call_soon_threadsafe(self._push, room, np.array(frames), np.array(pcm), speech_samples)
 
     @property
     def ended(self) -> bool:
@@ -79,6 +105,11 @@ class LiveKitSink:
     @property
     def end_reason(self) -> str | None:
         return None if self.room is None else self.room.end_reason
+
+    @property
+    def latest_stats(self) -> RoomStats | None:
+        """The room's stats as of at most 0.5 s ago; never blocks (use it from the chunk loop)."""
+        return None if self.room is None else self.room.snapshot
 
     def stats(self, timeout_s: float = 2.0) -> RoomStats | None:
         """A snapshot taken on the loop (None before start or after close)."""
@@ -124,7 +155,8 @@ class LiveKitSink:
 
     async def _start_room(self) -> None:
         room = self.room = LiveKitRoom(self.output, self.media, self.handler, pacing=self.pacing,
-                                       max_duration_s=self.max_duration_s, clock=self.clock)
+                                       max_duration_s=self.max_duration_s, clock=self.clock,
+                                       on_playback=self.on_playback)
         try:
             await room.start()
         except BaseException:  # a failure or the start timeout's cancellation: leave nothing behind

@@ -52,9 +52,9 @@ def make_fake_scheduler(bundles: int, queue_max: int) -> Any:
     import asyncio
 
     from characters.audio import convert_pcm, pcm16_to_float
-    from deployments.scheduler import Refused
     from deployments.types import (
         Capacity,
+        NoCapacity,
         SessionEvent,
         SessionInfo,
         SessionStatus,
@@ -84,8 +84,7 @@ def make_fake_scheduler(bundles: int, queue_max: int) -> Any:
 
         async def create_session(self, spec: Any) -> SessionInfo:
             if self.free == 0 and len(self.queue) >= queue_max:
-                # Refused: the scheduler's NoCapacity that survives Ray's pickling.
-                raise Refused(f"all {bundles} bundles are busy and the queue is full", 2.5)
+                raise NoCapacity(f"all {bundles} bundles are busy and the queue is full", 2.5)
             sid = spec.session_id
             self.specs[sid] = spec
             if self.free:

@@ -1,0 +1,561 @@
+"""Playout pacing: a small jitter buffer and one playout clock for generated chunks. Pure logic, no I/O.
+
+A chunk is F video frames plus the exact audio window that conditioned them (`chunk_sample_range`).
+`Playout` queues chunks and, polled against an injected clock, hands out video frames at `fps` and
+audio in 10 ms frames, both cut from the same chunk, so audio and video stay in sync by construction.
+
+Timeline. Output audio sample `s` plays at `t0 + s / sample_rate`; output video frame `v` at
+`t0 + (v * sample_rate // fps) / sample_rate`, the same integer frame boundaries as
+`characters.audio.frame_end_sample`. A chunk is *committed* to the timeline when its audio is first
+needed: its frames take the next F frame slots and its samples the next samples, so frame i of a
+chunk shows while sample `i * n // F` of its window plays (within one sample, 62.5 us). Audio is
+handed out `audio_lead_s` early because the sink queues it (LiveKit's AudioSource plays a queue);
+`poll(audio_queue_s=...)` reports that queue so the A/V offset is measured, not assumed.
+
+Jitter buffer. Playout starts once the first chunk has waited `target_depth` chunk durations, or
+when more than `target_depth` chunks are queued: that is the slack against late chunks.
+
+Late-chunk policy (documented contract). A chunk that is not queued when its audio is needed is
+late: the playout holds the last frame and plays silence, one frame slot (41.7 ms) at a time, and
+plays the late chunk in full as soon as it arrives. Spoken audio is never dropped and never played
+without its frames; a stall delays everything after it (the schedule slips by the stall). Latency is
+recovered only from idle chunks: when more than `max_depth` chunks are queued, or the buffer stayed a
+chunk deeper than the target for `shrink_after_s`, the oldest chunk with no speech in it is dropped
+(its audio is silence, so nothing said is lost). When the owner polls late
+(its loop stalled), only `max_catchup_s` of backlog is handed out and the timeline slips by the rest
+(`slips`): during a stall longer than the audio lead the sink's queue ran dry and played a gap, so
+the audio is late by that much for good; the video slips with it instead of racing ahead.
+
+Speech segments (the avatar protocol's unit: one agent audio stream). The room reports what it sent
+to generation, in order (`speech_open`, `speech_sent`, `speech_ended`); a chunk's window holds agent
+speech first, then padding, so `speech_samples` of its leading samples are speech (FIFO order). When
+the caller does not know that count it is inferred: speech samples are never exactly 0.0 (the room
+nudges exact zeros by one LSB, -90 dBFS), padding is exact zeros, so speech is the prefix up to the
+last non-zero sample. A segment *starts* when the first frame whose audio window holds its first
+sample is shown, and *finishes* when it has ended and all its samples were shown; finishes come in
+segment order. Speech still not generated `stale_speech_s` after it was sent, when a chunk without
+speech arrives, was lost by the generator and counts as skipped (so its segment still finishes).
+
+Interruption. `clear(dropped)` (the generator dropped `dropped` queued samples): every unfinished
+segment finishes at once, interrupted. Speech already taken by the generator (in flight) is marked;
+chunks made from it, and queued chunks holding speech, are *blanked*: they keep their place and length
+on the timeline but show the last frame and play silence. Committed speech not yet played is muted
+the same way from the current play position (the caller must flush its audio queue:
+`ClearResult.flush_audio`). Keeping the timeline means the first chunk generated after the clear plays
+on its original schedule, with the jitter buffer's full slack (removing the gap would leave none).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+CLEARED = "\x00cleared"  # ledger owner of speech taken by the generator before an interruption
+
+
+class PacingConfig(BaseModel):
+    """Playout parameters (one per room)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fps: int = Field(default=24, ge=1, description="Video frames per second.")
+    sample_rate: int = Field(default=16000, ge=8000, description="Audio sample rate of chunks and output (Hz).")
+    frames_per_chunk: int = Field(default=4, ge=1, description="Video frames per chunk (F).")
+    audio_frame_ms: int = Field(default=10, ge=1, description="Output audio frame length (ms).")
+    target_depth: float = Field(default=1.0, ge=0, description="Jitter buffer: chunk durations the first chunk "
+                                "waits before playout starts (the slack against late chunks).")
+    max_depth: int = Field(default=3, ge=1, description="Queued chunks above which idle chunks are dropped.")
+    shrink_after_s: float = Field(default=2.0, gt=0, description="A buffer deeper than the target for this long "
+                                  "sheds one idle chunk.")
+    audio_lead_s: float = Field(default=0.04, ge=0, le=0.5, description="Audio is handed out this early; "
+                                "the sink's queue delays it by as much.")
+    max_catchup_s: float = Field(default=0.04, ge=0, description="Backlog handed out after a late poll; the rest "
+                                 "slips. Keep it <= audio_lead_s: a longer burst over-fills the sink's audio queue "
+                                 "and leaves the audio that much behind the video.")
+    stale_speech_s: float = Field(default=5.0, gt=0, description="Speech not generated this long after it was "
+                                  "sent is counted lost once a chunk without speech arrives.")
+    stats_window_s: float = Field(default=2.0, gt=0, description="Window of the fps and A/V offset stats.")
+
+    @property
+    def chunk_s(self) -> float:
+        return self.frames_per_chunk / self.fps
+
+    @property
+    def audio_frame_samples(self) -> int:
+        return self.sample_rate * self.audio_frame_ms // 1000
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+
+@dataclass(frozen=True)
+class VideoOut:
+    """Frame slot `index` of the output; `fresh` is False for a held (repeated) frame."""
+
+    index: int
+    frame: np.ndarray  # (H, W, 3) uint8
+    fresh: bool
+    due: float
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    """Output audio frame `index`: samples `[index * n, (index + 1) * n)` of the output stream (n: 10 ms),
+    or the tail of that range right after an interruption flushed the sink."""
+
+    index: int
+    samples: np.ndarray  # (n,) int16 mono
+    due: float
+
+
+@dataclass(frozen=True)
+class SegmentEvent:
+    kind: Literal["started", "finished"]
+    segment: str
+    position_s: float = 0.0  # seconds of the segment shown (finished only)
+    interrupted: bool = False
+    latency_s: float | None = None  # started only: first speech sent -> its first frame shown
+
+
+@dataclass(frozen=True)
+class ClearResult:
+    events: list[SegmentEvent]  # one `finished` (interrupted) per unfinished segment, in order
+    flush_audio: bool  # unplayed output audio was cut: the sink must drop its queued audio now
+    dropped_chunks: int
+
+
+@dataclass(frozen=True)
+class PlayoutStats:
+    started: bool
+    queued_chunks: int
+    buffered_s: float  # queued chunks plus committed frames not yet shown
+    late_chunks: int  # chunks that ended a stall (they were not queued when their audio was needed)
+    underruns: int  # stalls (each is one or more held frames)
+    stall_s: float  # total time shown as held frames while waiting for a late chunk
+    dropped_idle_chunks: int  # latency recovery (max_depth, shrink_after_s)
+    dropped_cleared_chunks: int
+    slips: int
+    frames_sent: int
+    fresh_frames: int
+    audio_frames_sent: int
+    fps: float  # frames handed out per second over the stats window
+    fresh_fps: float  # new (not held) frames per second over the stats window
+    av_offset_ms: float  # last measured video minus audio play time (positive: video behind)
+    av_offset_max_ms: float  # largest |offset| over the stats window
+    lost_speech_samples: int
+    idle_after_clear_s: float | None  # last clear -> first new frame shown after it (None: none yet)
+
+
+# ------------------------------------------------------------------------------------------ internals
+
+
+@dataclass
+class _Segment:
+    id: str
+    sent: int = 0
+    played: int = 0
+    skipped: int = 0
+    ended: bool = False
+    started: bool = False
+    first_sent: float | None = None
+
+
+@dataclass(eq=False)
+class _Chunk:
+    frames: np.ndarray | None  # (F, H, W, 3) uint8; None: blanked (hold the last frame F times)
+    count: int  # F
+    pcm: np.ndarray  # (n,) float32
+    spans: list[tuple[str | None, int, int]]  # (segment or None for unknown speech, start, end) in pcm
+    arrived: float
+
+    @property
+    def speech(self) -> bool:
+        return bool(self.spans)
+
+    def blank(self) -> None:
+        """Interrupted: keep the chunk's place and length, show held frames and play silence instead."""
+        self.frames, self.pcm, self.spans = None, np.zeros_like(self.pcm), []
+
+
+@dataclass
+class _Sent:
+    owner: str  # a segment id, or CLEARED
+    left: int  # samples not yet seen in a chunk
+    at: float  # when they were sent
+
+
+@dataclass(eq=False)
+class _Slot:
+    index: int
+    frame: np.ndarray | None  # None: hold the last frame
+    first_sample: int  # output sample paired with the frame's first line of audio
+    plays: list[tuple[str | None, int]] = field(default_factory=list)  # (segment, samples) shown with it
+
+
+def speech_prefix(pcm: np.ndarray) -> int:
+    """Samples of speech at the head of a window: up to its last non-zero sample (padding is exact 0.0)."""
+    nz = np.flatnonzero(pcm)
+    return int(nz[-1]) + 1 if nz.size else 0
+
+
+def to_int16(pcm: np.ndarray) -> np.ndarray:
+    """float32 in [-1, 1] -> int16, the exact inverse of `characters.audio.pcm16_to_float`."""
+    return np.clip(np.rint(pcm * 32768.0), -32768, 32767).astype(np.int16)
+
+
+# ------------------------------------------------------------------------------------------ playout
+
+
+class Playout:
+    """Jitter buffer + playout clock. Not thread-safe: one owner calls it (an event loop)."""
+
+    def __init__(self, config: PacingConfig | None = None, *, clock: Callable[[], float]) -> None:
+        self.cfg = c = config or PacingConfig()
+        self.clock = clock
+        self._af = c.audio_frame_samples
+        self._queue: deque[_Chunk] = deque()
+        self._ledger: deque[_Sent] = deque()  # speech sent to generation and not yet seen in a chunk, FIFO
+        self._segments: dict[str, _Segment] = {}  # unfinished segments, in order
+        self._t0: float | None = None
+        self._slots: deque[_Slot] = deque()  # committed, not yet shown
+        self._audio: deque[np.ndarray] = deque()  # committed samples [a, w), not yet handed out
+        self._a = self._w = self._v = self._vc = 0  # audio out / committed; video out / committed
+        self._last: np.ndarray | None = None
+        self._stalled = False
+        self._stall_since = 0.0
+        self._audio_play: dict[int, float] = {}  # audio frame index -> when it plays
+        self._shown: deque[tuple[float, bool]] = deque()  # (time, fresh) of shown frames in the window
+        self._offsets: deque[tuple[float, float]] = deque()
+        self._n = {"late": 0, "underruns": 0, "idle": 0, "cleared": 0, "slips": 0, "frames": 0, "fresh": 0,
+                   "audio": 0, "lost": 0}
+        self._stall_total = 0.0
+        self._offset_last = 0.0
+        self._clear_at: float | None = None
+        self._idle_after: float | None = None
+        self._deep_since: float | None = None
+
+    # ----------------------------------------------------------------------------- speech ledger
+    def speech_open(self, segment: str) -> None:
+        """A new speech segment begins (segments finish in the order they were opened)."""
+        if segment in self._segments:
+            raise ValueError(f"speech segment {segment!r} is already open; give each segment a new id")
+        self._segments[segment] = _Segment(segment)
+
+    def speech_sent(self, segment: str, samples: int) -> None:
+        """`samples` samples of `segment` were queued for generation, after everything sent before."""
+        seg = self._segment(segment)
+        if seg.ended:
+            raise ValueError(f"speech segment {segment!r} already ended; open a new segment")
+        if samples > 0:
+            if seg.first_sent is None:
+                seg.first_sent = self.clock()
+            seg.sent += samples
+            self._ledger.append(_Sent(segment, samples, self.clock()))
+
+    def speech_ended(self, segment: str) -> list[SegmentEvent]:
+        """No more samples for `segment`; returns the segments that finish now (e.g. an empty one)."""
+        if segment in self._segments:
+            self._segments[segment].ended = True
+        return self._finish_ready()
+
+    # ----------------------------------------------------------------------------- chunks
+    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
+        """Queue a generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 window that made them."""
+        c = self.cfg
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 1:
+            raise ValueError(f"frames must be (F, H, W, 3) uint8 with F >= 1, got {frames.shape} {frames.dtype}")
+        expect = len(frames) * c.sample_rate / c.fps
+        if pcm.ndim != 1 or pcm.dtype != np.float32 or abs(pcm.size - expect) > 1:
+            raise ValueError(f"the audio of {len(frames)} frames must be (n,) float32 with n within 1 of {expect:.1f} "
+                             f"at {c.sample_rate} Hz / {c.fps} fps, got {pcm.shape} {pcm.dtype}; pass the exact "
+                             "window that conditioned the frames (characters.audio.chunk_sample_range)")
+        if self._last is not None and frames.shape[1:] != self._last.shape:
+            raise ValueError(f"frames are {frames.shape[1:]}, earlier frames were {self._last.shape}; "
+                             "the resolution is fixed for a session")
+        now = self.clock()
+        speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
+        spans = self._take_speech(speech, now)
+        chunk = _Chunk(frames, len(frames), pcm, spans, now)
+        if any(owner == CLEARED for owner, _, _ in spans):
+            self._skip(chunk)
+            chunk.blank()
+            self._n["cleared"] += 1
+        self._queue.append(chunk)
+        if len(self._queue) > c.max_depth:
+            self._drop_idle()
+
+    def clear(self, dropped_samples: int) -> ClearResult:
+        """Interrupt: the generator dropped `dropped_samples` queued samples (the rest of what was sent
+        and not yet seen in a chunk is in flight). See the module docstring."""
+        pending = sum(e.left for e in self._ledger)
+        inflight = max(0, pending - max(0, dropped_samples))
+        self._ledger.clear()
+        if inflight:
+            self._ledger.append(_Sent(CLEARED, inflight, self.clock()))
+        dropped = 0
+        for q in self._queue:
+            if q.speech:
+                q.blank()
+                dropped += 1
+        self._n["cleared"] += dropped
+        flush = any(slot.plays for slot in self._slots)
+        if flush and self._t0 is not None:
+            self._mute(self.clock())
+        events = [SegmentEvent("finished", s.id, s.played / self.cfg.sample_rate, interrupted=True)
+                  for s in self._segments.values()]
+        self._segments.clear()
+        self._clear_at, self._idle_after = self.clock(), None
+        return ClearResult(events, flush, dropped)
+
+    # ----------------------------------------------------------------------------- playout
+    def next_due(self) -> float | None:
+        """When `poll` next has something to hand out (None: nothing until a chunk arrives)."""
+        if self._t0 is None:
+            if not self._queue:
+                return None
+            if len(self._queue) > self.cfg.target_depth:
+                return self._queue[0].arrived
+            return self._queue[0].arrived + self.cfg.target_depth * self.cfg.chunk_s
+        return min(self._audio_due(self._a), self._video_due(self._v))
+
+    def poll(self, audio_queue_s: float = 0.0) -> list[VideoOut | AudioOut | SegmentEvent]:
+        """Everything due by now, in play order. `audio_queue_s`: audio the sink holds before this batch."""
+        now = self.clock()
+        out: list[VideoOut | AudioOut | SegmentEvent] = []
+        if self._t0 is None:
+            due = self.next_due()
+            if due is None or now < due:
+                return out
+            self._t0 = now  # the first audio is due `audio_lead_s` ago: that is the lead, not lateness
+        else:
+            due = self.next_due()
+            assert due is not None
+            if now - due > self.cfg.max_catchup_s:
+                self._t0 += now - due - self.cfg.max_catchup_s
+                self._n["slips"] += 1
+        pushed = 0
+        while True:
+            ta, tv = self._audio_due(self._a), self._video_due(self._v)
+            if min(ta, tv) > now:
+                break
+            if ta <= tv:
+                audio = self._emit_audio(ta, now + audio_queue_s + pushed / self.cfg.sample_rate)
+                pushed += audio.samples.size
+                out.append(audio)
+            else:
+                out.extend(self._emit_video(self._v, tv, now))
+        self._trim(now)
+        return out
+
+    def stats(self) -> PlayoutStats:
+        now = self.clock()
+        self._trim(now)
+        c, n = self.cfg, self._n
+        shown = list(self._shown)
+        fps = fresh_fps = 0.0
+        if len(shown) >= 2 and shown[-1][0] > shown[0][0]:
+            span = shown[-1][0] - shown[0][0]
+            fps = (len(shown) - 1) / span
+            fresh_fps = max(0, sum(f for _, f in shown) - 1) / span
+        stall = self._stall_total + (now - self._stall_since if self._stalled else 0.0)
+        return PlayoutStats(
+            started=self._t0 is not None, queued_chunks=len(self._queue),
+            buffered_s=len(self._queue) * c.chunk_s + len(self._slots) / c.fps,
+            late_chunks=n["late"], underruns=n["underruns"], stall_s=stall, dropped_idle_chunks=n["idle"],
+            dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
+            audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
+            av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
+            lost_speech_samples=n["lost"], idle_after_clear_s=self._idle_after)
+
+    # ----------------------------------------------------------------------------- internals
+    def _fs(self, v: int) -> int:
+        """First output sample of frame slot v."""
+        return v * self.cfg.sample_rate // self.cfg.fps
+
+    def _audio_due(self, sample: int) -> float:
+        assert self._t0 is not None
+        return self._t0 + sample / self.cfg.sample_rate - self.cfg.audio_lead_s
+
+    def _video_due(self, v: int) -> float:
+        assert self._t0 is not None
+        return self._t0 + self._fs(v) / self.cfg.sample_rate
+
+    def _segment(self, segment: str) -> _Segment:
+        seg = self._segments.get(segment)
+        if seg is None:
+            raise ValueError(f"speech segment {segment!r} is not open (or already finished); call speech_open first")
+        return seg
+
+    def _take_speech(self, speech: int, now: float) -> list[tuple[str | None, int, int]]:
+        """Attribute the chunk's first `speech` samples to the ledger, FIFO; drop stale speech."""
+        if speech == 0:
+            while self._ledger and now - self._ledger[0].at > self.cfg.stale_speech_s:
+                lost = self._ledger.popleft()
+                self._n["lost"] += lost.left
+                if lost.owner in self._segments:
+                    self._segments[lost.owner].skipped += lost.left
+        spans: list[tuple[str | None, int, int]] = []
+        pos = 0
+        while pos < speech and self._ledger:
+            entry = self._ledger[0]
+            n = min(entry.left, speech - pos)
+            spans.append((entry.owner, pos, pos + n))
+            entry.left -= n
+            if entry.left == 0:
+                self._ledger.popleft()
+            pos += n
+        if pos < speech:
+            spans.append((None, pos, speech))  # speech the room did not send (another audio path)
+        return spans
+
+    def _skip(self, chunk: _Chunk) -> None:
+        """A dropped chunk's live speech counts as done for its segments (so they still finish)."""
+        for owner, s0, s1 in chunk.spans:
+            if owner is not None and owner in self._segments:
+                self._segments[owner].skipped += s1 - s0
+
+    def _commit(self, now: float) -> None:
+        """Append the next chunk (or one held frame of silence) to the timeline."""
+        if self._queue:
+            chunk = self._queue.popleft()
+            if self._stalled:
+                self._stall_total += now - self._stall_since
+                self._n["late"] += 1
+            self._stalled = False
+            n, f = chunk.pcm.size, chunk.count
+            for i in range(f):
+                lo, hi = i * n // f, (i + 1) * n // f
+                plays = [(o, min(hi, s1) - max(lo, s0)) for o, s0, s1 in chunk.spans if min(hi, s1) > max(lo, s0)]
+                frame = None if chunk.frames is None else chunk.frames[i]
+                self._slots.append(_Slot(self._vc + i, frame, self._w + lo, plays))
+            self._audio.append(chunk.pcm)
+            self._w += n
+            self._vc += f
+            self._shrink(now)
+            return
+        self._deep_since = None
+        if not self._stalled:
+            self._stalled, self._stall_since = True, now
+            self._n["underruns"] += 1
+        end = self._fs(self._vc + 1)
+        self._slots.append(_Slot(self._vc, None, self._w))
+        if end > self._w:
+            self._audio.append(np.zeros(end - self._w, np.float32))
+            self._w = end
+        self._vc += 1
+
+    def _shrink(self, now: float) -> None:
+        """Chunks queued at every commit for `shrink_after_s`: the buffer is a chunk deeper than the target
+        (e.g. playout was anchored on a slow first chunk); shed one idle chunk, never speech."""
+        if len(self._queue) < max(1, math.ceil(self.cfg.target_depth)):
+            self._deep_since = None
+        elif self._deep_since is None:
+            self._deep_since = now
+        elif now - self._deep_since >= self.cfg.shrink_after_s and self._drop_idle():
+            self._deep_since = None
+
+    def _drop_idle(self) -> bool:
+        """Drop the oldest queued chunk without speech (latency recovery); False if every one has speech."""
+        idle = next((i for i, q in enumerate(self._queue) if not q.speech), None)
+        if idle is not None:
+            del self._queue[idle]
+            self._n["idle"] += 1
+        return idle is not None
+
+    def _emit_audio(self, due: float, plays_at: float) -> AudioOut:
+        """The audio frame holding sample `_a`, from `_a` on (shorter than a frame only after a mute)."""
+        j = self._a // self._af
+        need = (j + 1) * self._af
+        while self._w < need:
+            self._commit(due)
+        size = need - self._a
+        buf = np.empty(size, np.float32)
+        got = 0
+        while got < size:
+            part = self._audio[0]
+            k = min(part.size, size - got)
+            buf[got:got + k] = part[:k]
+            got += k
+            if k == part.size:
+                self._audio.popleft()
+            else:
+                self._audio[0] = part[k:]
+        self._audio_play[j] = plays_at - (self._a - j * self._af) / self.cfg.sample_rate  # of sample j * af
+        self._a = need
+        self._n["audio"] += 1
+        return AudioOut(j, to_int16(buf), due)
+
+    def _emit_video(self, v: int, due: float, now: float) -> list[VideoOut | SegmentEvent]:
+        while self._vc <= v:
+            self._commit(due)
+        slot = self._slots.popleft()
+        assert slot.index == v, (slot.index, v)
+        self._v = v + 1
+        fresh = slot.frame is not None
+        if slot.frame is not None:
+            self._last = slot.frame
+            if self._clear_at is not None:
+                self._idle_after, self._clear_at = now - self._clear_at, None
+        out: list[VideoOut | SegmentEvent] = []
+        if self._last is None:
+            return out  # nothing shown yet: nothing to hold
+        out.append(VideoOut(v, self._last, fresh, due))
+        self._n["frames"] += 1
+        self._n["fresh"] += fresh
+        self._shown.append((now, fresh))
+        j = slot.first_sample // self._af
+        if j in self._audio_play:
+            plays_at = self._audio_play[j] + (slot.first_sample - j * self._af) / self.cfg.sample_rate
+            self._offset_last = now - plays_at
+            self._offsets.append((now, self._offset_last))
+        for seg_id, n in slot.plays:
+            seg = self._segments.get(seg_id) if seg_id is not None else None
+            if seg is None:
+                continue
+            if not seg.started:
+                seg.started = True
+                waited = None if seg.first_sent is None else now - seg.first_sent
+                out.append(SegmentEvent("started", seg.id, latency_s=waited))
+            seg.played += n
+        out.extend(self._finish_ready())
+        return out
+
+    def _finish_ready(self) -> list[SegmentEvent]:
+        out = []
+        while self._segments:
+            seg = next(iter(self._segments.values()))
+            if not seg.ended or seg.played + seg.skipped < seg.sent:
+                break
+            del self._segments[seg.id]
+            out.append(SegmentEvent("finished", seg.id, seg.played / self.cfg.sample_rate))
+        return out
+
+    def _mute(self, now: float) -> None:
+        """Interrupted speech is committed: from the current play position on, committed audio becomes
+        silence and speech frames become held frames; the timeline keeps its length. Audio already
+        handed out past the play position is handed out again (as silence): the sink has flushed it."""
+        assert self._t0 is not None
+        play = max(0, math.ceil((now - self._t0) * self.cfg.sample_rate))
+        a = min(self._a, play)  # the next frame handed out is cut to start here: the sink queue stays aligned
+        self._audio = deque([np.zeros(self._w - a, np.float32)])
+        self._a = a
+        self._audio_play = {k: t for k, t in self._audio_play.items() if (k + 1) * self._af <= a}
+        for slot in self._slots:
+            if slot.plays:
+                slot.frame, slot.plays = None, []
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.cfg.stats_window_s
+        while self._shown and self._shown[0][0] < horizon:
+            self._shown.popleft()
+        while self._offsets and self._offsets[0][0] < horizon:
+            self._offsets.popleft()
+        if len(self._audio_play) > 4096:
+            keep = self._a // self._af - 2048
+            self._audio_play = {k: t for k, t in self._audio_play.items() if k >= keep}
