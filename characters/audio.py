@@ -208,11 +208,15 @@ class AudioEncoder(nn.Module):
         bands = power @ self.filterbank  # (B, Fa, Sf, n_bands)
         return torch.log(bands + self.eps)  # (B, Fa, Sf, n_bands)
 
+    def project(self, bands: torch.Tensor) -> torch.Tensor:
+        """Log band power `(..., Sf, n_bands)` -> features `(..., out_dim)`: the trainable part."""
+        feats = bands.flatten(-2)  # (..., Sf * n_bands)
+        hidden = F.gelu(self.proj_in(feats.to(self.proj_in.weight.dtype)))  # (..., hidden)
+        return self.proj_out(hidden)  # (..., out_dim)
+
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """`(B, Fa, window_samples)` -> `(B, Fa, out_dim)`."""
-        feats = self.band_features(windows).flatten(-2)  # (B, Fa, Sf * n_bands)
-        hidden = F.gelu(self.proj_in(feats.to(self.proj_in.weight.dtype)))  # (B, Fa, hidden)
-        return self.proj_out(hidden)  # (B, Fa, out_dim)
+        return self.project(self.band_features(windows))
 
 
 # ------------------------------------------------------------------------------------------------ decoding

@@ -37,12 +37,13 @@ def _demo(args: argparse.Namespace) -> int:
     from characters.media import MediaError
 
     overrides = {"generation": {"cache_mode": args.cache_mode}} if args.cache_mode else {}
+    weights = "random" if args.random_weights else args.weights
     cfg = session_config(args.preset, "cpu" if args.device == "cpu" else "gpu1", seed=args.seed,
-                         dtype="float32" if args.device == "cpu" else "bfloat16", model=overrides)
+                         dtype="float32" if args.device == "cpu" else "bfloat16", model=overrides, weights=weights)
     try:
         report = run_demo(cfg, out=args.out, image=args.image, audio=args.audio, seconds=args.seconds,
                           realtime=args.realtime, device=args.device)
-    except (MediaError, FileNotFoundError) as err:
+    except (MediaError, FileNotFoundError, ValueError) as err:
         print(f"characters demo: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report.as_dict(), indent=1))
@@ -68,6 +69,10 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     d.add_argument("--cache-mode", choices=["write_time", "naive"], default=None)
+    w = d.add_mutually_exclusive_group()
+    w.add_argument("--weights", default=None, help="checkpoint directory (default: the preset's shipped weights, "
+                   "if any, else seeded random ones)")
+    w.add_argument("--random-weights", action="store_true", help="seeded random weights instead of trained ones")
     d.set_defaults(func=_demo)
     if extend is not None:
         extend(sub)

@@ -253,7 +253,9 @@ class SessionConfig(_Frozen):
     seed: int = Field(default=0, description="Seed for random weights and the session's noise.")
     dtype: DType = Field(default="float32", description="Compute dtype (bfloat16 on GPUs, float32 on CPUs).")
     weights: str | None = Field(
-        default=None, description="Directory or .safetensors file of weights; None: the preset's default."
+        default=None,
+        description="Weights directory; None: the preset's shipped weights (characters/weights/<preset>/) when "
+        "they exist and fit the model, else seeded random; 'random': seeded random weights.",
     )
 
     @model_validator(mode="after")
@@ -278,8 +280,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         name="tiny",
         dit=DiTConfig(num_layers=4, dim=192, num_heads=4, ffn_dim=768, latent_channels=8, audio_dim=128,
                       cross_dim=192),
-        vae=VAEConfig(latent_channels=8, base_channels=2, channel_mult=(1, 2, 4, 8), num_res_blocks=0,
-                      encoder_base_channels=16),
+        vae=VAEConfig(latent_channels=8, base_channels=4, channel_mult=(1, 2, 4, 8), num_res_blocks=0,
+                      encoder_base_channels=8),
         audio=_AUDIO,
         generation=GenerationConfig(height=176, width=272, latent_frames_per_chunk=1, window_latent_frames=3,
                                     denoising_steps=2, cache_update="last_step"),

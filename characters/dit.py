@@ -142,6 +142,18 @@ class Block(nn.Module):
         return ops.gated_add(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate_m)
 
 
+def block_causal_mask(n_sink: int, chunk_tokens: int, chunks: int, ring: int,
+                      device: torch.device | str | None = None) -> torch.Tensor:
+    """The (T, T) attention mask under which `forward_sequence` over [sink | chunk 0 | ... | chunk K-1]
+    equals the cached inference: the sink sees itself; chunk k sees the sink and chunks k-ring+1 .. k
+    (the ring of the cache: the window plus itself). True where a query may attend."""
+    group = torch.cat([torch.full((n_sink,), -1, device=device),
+                       torch.arange(chunks, device=device).repeat_interleave(chunk_tokens)])  # (T,)
+    q, k = group[:, None], group[None, :]
+    in_window = (k >= 0) & (k <= q) & (k > q - ring)
+    return (k == -1) | in_window & (q >= 0) | (q == -1) & (k == -1)
+
+
 class CausalDiT(nn.Module):
     audio_index: torch.Tensor
 

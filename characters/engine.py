@@ -9,7 +9,6 @@ integers the runner already knows. Ray actors (deployments/) wrap these classes 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -21,9 +20,10 @@ from characters.config import SessionConfig, check_tensor_parallel
 from characters.dit import CausalDiT
 from characters.kv_cache import KVCache
 from characters.rope import RopeTables
+from characters.telemetry import StageRecorder
 from characters.tp import apply_tensor_parallel
 from characters.vae import CausalDecoder, VAEEncoder
-from characters.weights import check_model_config, init_weights, load_weights, seeded_build, shard_path
+from characters.weights import init_weights, load_dit_weights, load_weights, resolve_weights, seeded_build
 from kernels.attention import AttentionBackend, pick_backend
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,10 +65,10 @@ class DiTRunner:
         apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate)
         init_weights(dit.to(self.dtype), cfg.seed, device=self.device)  # materialise in the compute dtype
         self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
-        if cfg.weights:
-            check_model_config(m, cfg.weights)
-            load_weights(dit, shard_path(cfg.weights, rank, ranks))
-            load_weights(self.audio_encoder, Path(cfg.weights) / "audio.safetensors")
+        self.weights = resolve_weights(cfg)  # None: seeded random weights
+        if self.weights is not None:
+            load_dit_weights(dit, self.weights, rank, ranks)
+            load_weights(self.audio_encoder, self.weights / "audio.safetensors")
         self.dit = dit.to(self.dtype).eval()
         self.dit.fuse_elementwise(self.device.type == "cuda" if fuse is None else fuse)
         self.audio_encoder.eval()
@@ -90,6 +90,7 @@ class DiTRunner:
         self.chunk = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # valid context length -> captured step
         self._graph_out: dict[int, torch.Tensor] = {}
+        self.recorder: StageRecorder | None = None  # optional stage timing ("dit", "cache_write"); off by default
 
     def _pick_attention(self, heads: int) -> AttentionBackend:
         """The fastest attention backend on this chunk's real shapes (timed on CUDA; SDPA on CPU)."""
@@ -135,6 +136,16 @@ class DiTRunner:
                      ) -> torch.Tensor:
         """One chunk from its (Fa, W) audio windows. With graphs enabled this is one graph replay."""
         k = self.chunk
+        rec = self.recorder
+        if rec is not None:
+            rec.chunk = k
+            mark = rec.begin("dit")
+        out = self._step(k, windows, record)
+        if rec is not None:
+            rec.end(mark)
+        return out
+
+    def _step(self, k: int, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None) -> torch.Tensor:
         offset, valid = self.cache.chunk_offset(k), self.cache.chunk_valid(k)
         first_frame = k * self.cfg.model.generation.latent_frames_per_chunk
         torch.randn(self.x.shape, generator=self.generator, device=self.device, out=self.x)
@@ -167,9 +178,12 @@ class DiTRunner:
             x_in = x
             v = self.dit(x.to(self.dtype), self.times[t], ctx, rope, self.cache, offset, valid)
             x = x + (t_next - t) * v.float()  # Euler step of dx/dt = v
-        if g.cache_update == "extra_pass":
+        if g.cache_update == "extra_pass":  # timed as "cache_write" when recording (never inside a capture)
+            mark = self.recorder.begin("cache_write") if self.recorder is not None else None
             x_in, t = x, 0.0
             v = self.dit(x.to(self.dtype), self.times[0.0], ctx, rope, self.cache, offset, valid)
+            if mark is not None and self.recorder is not None:
+                self.recorder.end(mark)
         if record is not None:
             record.append(ForwardRecord(x_in.clone(), t, ctx.clone(), v.float().clone()))
         return x
@@ -192,6 +206,16 @@ class DiTRunner:
         self._first_frame = torch.zeros((), dtype=torch.int64, device=self.device)
         valids = sorted({self.cache.chunk_valid(k) for k in range(self.cfg.model.generation.ring_slots)})
         self.graphs, self._graph_out = {}, {}
+        recorder, self.recorder = self.recorder, None  # no events inside a capture
+        try:
+            self._capture(valids, warmup, share_pool)
+        finally:
+            self.recorder = recorder
+        torch.cuda.synchronize(self.device)
+        self.cache.reset()
+        self.chunk = 0
+
+    def _capture(self, valids: list[int], warmup: int, share_pool: bool) -> None:
         with torch.inference_mode():
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -207,9 +231,6 @@ class DiTRunner:
                     self._graph_out[valid] = self._chunk(self._windows, self._offset, self._first_frame, valid)
                 pool = graph.pool() if share_pool else None
                 self.graphs[valid] = graph
-        torch.cuda.synchronize(self.device)
-        self.cache.reset()
-        self.chunk = 0
 
 
 class ReferenceEncoder:
@@ -218,8 +239,9 @@ class ReferenceEncoder:
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self.encoder = seeded_build(lambda: VAEEncoder(cfg.model.vae), cfg.seed + 2, self.device)
-        if cfg.weights:
-            load_weights(self.encoder, Path(cfg.weights) / "vae_encoder.safetensors")
+        self.weights = resolve_weights(cfg)
+        if self.weights is not None:
+            load_weights(self.encoder, self.weights / "vae_encoder.safetensors")
         self.encoder.eval()
 
     @torch.inference_mode()
@@ -241,8 +263,9 @@ class DecoderRunner:
         m = cfg.model
         self.dtype = torch_dtype(cfg.dtype)
         self.decoder = seeded_build(lambda: CausalDecoder(m.vae), cfg.seed + 3, self.device)
-        if cfg.weights:
-            load_weights(self.decoder, Path(cfg.weights) / "vae_decoder.safetensors")
+        self.weights = resolve_weights(cfg)
+        if self.weights is not None:
+            load_weights(self.decoder, self.weights / "vae_decoder.safetensors")
         self.decoder = self.decoder.to(self.dtype).eval()
         fmt = torch.channels_last_3d if (self.device.type == "cuda" if channels_last is None else channels_last) \
             else torch.contiguous_format
@@ -256,9 +279,12 @@ class DecoderRunner:
         else:
             self._forward = self.decoder.decode_chunk
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.recorder: StageRecorder | None = None  # optional stage timing ("decode"); off by default
+        self.chunk = 0  # chunks decoded since start()
 
     def start(self) -> None:
         self.decoder.reset_state(self.state)
+        self.chunk = 0
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         video = self._forward(latents, self.state)  # (1, 3, F, H, W)
@@ -268,11 +294,20 @@ class DecoderRunner:
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(1, C, Cf, h, w) -> (F, H, W, 3) uint8 frames, on the decoder's device (no host sync)."""
+        rec = self.recorder
+        if rec is not None:
+            rec.chunk = self.chunk
+            mark = rec.begin("decode")
+        self.chunk += 1
         if self.graph is None:
-            return self._decode(latents.to(self.device, self.dtype))
-        self._z.copy_(latents, non_blocking=True)
-        self.graph.replay()
-        return self._frames.clone()
+            out = self._decode(latents.to(self.device, self.dtype))
+        else:
+            self._z.copy_(latents, non_blocking=True)
+            self.graph.replay()
+            out = self._frames.clone()
+        if rec is not None:
+            rec.end(mark)
+        return out
 
     @torch.inference_mode()
     def capture_graph(self, warmup: int = 2) -> None:

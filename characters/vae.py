@@ -65,8 +65,8 @@ class CausalConv3d(nn.Conv3d):
         if self.past:
             cache = caches[self.slot]  # (B, cin, kt - 1, h', w')
             x = torch.cat([cache, x], dim=2)  # (B, cin, kt - 1 + T, h', w')
-            cache.copy_(x[:, :, -self.past :])
-        if x.device.type != "cpu":
+            cache.copy_(x[:, :, -self.past :].detach())  # state carries values, never gradients
+        if x.device.type != "cpu" or torch.is_grad_enabled():  # training: conv3d's backward is the fast one
             return F.conv3d(x, self.weight, self.bias, padding=self.padding)
         return self._conv_cpu(x)
 

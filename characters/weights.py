@@ -8,8 +8,12 @@ Checkpoint layout (a directory):
 
     model.json                       the ModelConfig the weights belong to
     dit.safetensors                  whole DiT                      (or, split for TP:)
-    dit-rank{r}-of-{n}.safetensors   rank r's share of an n-way split
+    dit-rank{r}-of-{n}.safetensors   rank r's share of an n-way split (without it, rank r slices the whole file)
     audio.safetensors, vae_encoder.safetensors, vae_decoder.safetensors
+
+Which weights a session runs is decided in one place, `resolve_weights`: `SessionConfig.weights` None means
+the preset's shipped directory (`characters/weights/<preset>/`) when it exists and was made for this model's
+shapes, else seeded random weights; "random" forces seeded random weights; anything else is a directory.
 """
 
 from __future__ import annotations
@@ -25,10 +29,40 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from characters.config import ModelConfig
+from characters.config import ModelConfig, SessionConfig
 from characters.tp import ParallelLinear
 
 M = TypeVar("M", bound=nn.Module)
+
+SHIPPED = Path(__file__).parent / "weights"
+RANDOM = "random"
+
+
+def shipped_weights(model: ModelConfig) -> Path | None:
+    """The directory of trained weights shipped for `model`'s preset, if there is one and it fits the model's
+    shapes (a preset with architecture overrides has no shipped weights)."""
+    directory = SHIPPED / model.name
+    if not (directory / "model.json").is_file():
+        return None
+    try:
+        check_model_config(model, directory)
+    except ValueError:
+        return None
+    return directory
+
+
+def resolve_weights(cfg: SessionConfig) -> Path | None:
+    """The weights directory a session loads, or None for seeded random weights (see the module docstring)."""
+    if cfg.weights is None:
+        return shipped_weights(cfg.model)
+    if cfg.weights == RANDOM:
+        return None
+    path = Path(cfg.weights)
+    if not path.is_dir():
+        raise FileNotFoundError(f"weights={cfg.weights!r} is not a directory; give a checkpoint directory "
+                                f"(model.json, dit.safetensors, ...), {RANDOM!r}, or None for the preset's default")
+    check_model_config(cfg.model, path)
+    return path
 
 
 def seeded_build(build: Callable[[], M], seed: int, device: torch.device | str = "cpu") -> M:
@@ -114,6 +148,29 @@ def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> 
 
 def shard_path(directory: str | Path, rank: int, ranks: int) -> Path:
     return Path(directory) / (f"dit-rank{rank}-of-{ranks}.safetensors" if ranks > 1 else "dit.safetensors")
+
+
+@torch.no_grad()
+def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: int) -> nn.Module:
+    """Load rank `rank`'s share of a DiT: its own shard file if the checkpoint has one, else its slice of
+    the whole `dit.safetensors` (each `ParallelLinear` cuts its own rows or columns)."""
+    path = shard_path(directory, rank, ranks)
+    if ranks == 1 or path.is_file():
+        return load_weights(model, path)
+    whole = Path(directory) / "dit.safetensors"
+    if not whole.is_file():
+        raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
+    state = load_file(str(whole), device=str(next(model.parameters()).device))
+    modules = dict(model.named_modules())
+    for name, tensor in state.items():
+        mname, _, pname = name.rpartition(".")
+        module = modules.get(mname)
+        if isinstance(module, ParallelLinear) and pname in ("weight", "bias"):
+            state[name] = module.shard_tensor(pname, tensor)  # type: ignore[arg-type]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"weights {whole} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model
 
 
 def save_dit_shards(full_model: nn.Module, directory: str | Path, ranks: int) -> list[Path]:

@@ -38,6 +38,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
+from deployments import telemetry, telemetry_http
 from deployments.api import ApiConfig, SessionFrontend, build_http_app
 from deployments.auth import ApiKeys
 from deployments.errors import ApiError, ErrorCode
@@ -130,6 +131,7 @@ class _Ingress(CharactersGrpc):
     """HTTP routes (built per replica by `__serve_build_asgi_app__`) and the gRPC methods, over one frontend."""
 
     def __init__(self, service: ServiceConfig, api: ApiConfig) -> None:
+        self.telemetry = telemetry.setup("ingress")  # OTEL_* of this replica's process (off by default)
         self.keys = ApiKeys.from_env()
         self.scheduler = ActorScheduler(service)
         self.frontend = SessionFrontend(self.scheduler, api)
@@ -137,7 +139,7 @@ class _Ingress(CharactersGrpc):
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_http_app(self.frontend, self.keys)
+        return telemetry_http.install(build_http_app(self.frontend, self.keys))  # request spans, outermost
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve `user_config`: `{draining: bool}`. Draining (an upgrade to a new cluster) makes the

@@ -21,15 +21,19 @@ half-closing the request stream stops audio, not events. A bad chunk ends the ca
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from opentelemetry import trace
 from pydantic import ValidationError
 
+from deployments import telemetry
 from deployments.api import SessionFrontend, SessionOptions
 from deployments.auth import ApiKeys
 from deployments.errors import ApiError, ErrorCode, retry_after_header, validation_error
 from deployments.proto import characters_pb2 as pb
+from deployments.telemetry import names
 from deployments.types import Capacity, SessionEvent, SessionInfo, SessionStatus
 
 if TYPE_CHECKING:
@@ -97,6 +101,27 @@ def session_options(req: pb.CreateSessionRequest) -> SessionOptions:
 # ----------------------------------------------------------------------------------------- servicer
 
 
+@contextmanager
+def server_span(method: str, carrier: dict[str, str]) -> Iterator[tuple[Any, dict[str, str]]]:
+    """A SERVER span for RPC `method`, child of the caller's metadata context; yields it and the context to
+    carry on (the span's own when tracing is on, else the caller's unchanged). Never records the request."""
+    tel = telemetry.current()
+    if not tel.traces:
+        yield trace.INVALID_SPAN, carrier
+        return
+    span = tel.start_span(names.grpc_span_name(method), telemetry.extract(carrier), kind=trace.SpanKind.SERVER,
+                          attributes={names.RPC_SYSTEM: "grpc", names.RPC_SERVICE: "characters.v1.Characters",
+                                      names.RPC_METHOD: method})
+    try:
+        yield span, telemetry.inject(telemetry.context_of(span))
+    except BaseException as err:
+        telemetry.fail(span, type(err).__name__)
+        raise
+    finally:
+        span.end()
+
+
+
 def _refuse(context: RayServegRPCContext, err: ApiError) -> None:
     context.set_code(err.grpc_code)
     context.set_details(err.grpc_details(PROTO_FIELDS))
@@ -124,14 +149,16 @@ class CharactersGrpc:
         return self.keys.authenticate(header if isinstance(header, str) else None)
 
     async def CreateSession(self, request: pb.CreateSessionRequest, grpc_context: RayServegRPCContext) -> pb.Session:
-        try:
-            key_id = self._key_id(grpc_context)
-            trace = {k: v for k, v in grpc_context.invocation_metadata() if k in ("traceparent", "tracestate")}
-            info = await self.frontend.create(session_options(request), request.image, key_id, trace)
-            return session_pb(info)
-        except ApiError as err:
-            _refuse(grpc_context, err)
-            return pb.Session()
+        trace = {k: v for k, v in grpc_context.invocation_metadata() if k in ("traceparent", "tracestate")}
+        with server_span("CreateSession", trace) as (span, carried):
+            try:
+                key_id = self._key_id(grpc_context)
+                info = await self.frontend.create(session_options(request), request.image, key_id, carried)
+                return session_pb(info)
+            except ApiError as err:
+                _refuse(grpc_context, err)
+                span.set_attribute(names.RPC_GRPC_STATUS, err.grpc_code.value[0])
+                return pb.Session()
 
     async def GetSession(self, request: pb.GetSessionRequest, grpc_context: RayServegRPCContext) -> pb.Session:
         try:

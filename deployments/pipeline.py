@@ -59,8 +59,10 @@ def classify(err: BaseException) -> ChunkFailure:
         return ChunkFailure("actor_died", f"{cls or 'a worker'} died ({type(err).__name__})")
     if isinstance(err, (GetTimeoutError, RayChannelTimeoutError, TimeoutError)):
         return ChunkFailure("chunk_timeout", first_line)
-    if isinstance(err, RayTaskError):
-        return ChunkFailure("worker_error", f"{err.function_name} raised {type(err.cause).__name__}: {err.cause}")
+    if isinstance(err, RayTaskError):  # (Ray's as-instance-of-cause copies may lack the task's attributes)
+        cause = getattr(err, "cause", None) or err
+        return ChunkFailure("worker_error", f"{getattr(err, 'function_name', 'a task')} raised "
+                                            f"{type(cause).__name__}: {cause}")
     return ChunkFailure("pipeline_error", f"{type(err).__name__}: {first_line}")
 
 
@@ -88,6 +90,7 @@ class Workers:
     decoder: Any
     room: Any
     transport: ResolvedTransport
+    device: str = "cpu"  # the workers' device type (cpu | cuda): where their stage times come from
 
     def named(self) -> list[tuple[str, Any]]:
         return [*((f"DiTWorker rank {r}", d) for r, d in enumerate(self.dits)), ("DecoderWorker", self.decoder),
@@ -218,8 +221,9 @@ def run_chunk_loop(
             reason = stop_reason() or ("max_duration" if clock() - t0 >= max_duration_s else None)
             if reason is not None:
                 break
+            submitted = clock()  # before submit: the workers may start on it before submit returns
             pipeline.submit(ChunkInput(session_id, k, audio(k)))
-            inflight.append(clock())
+            inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:
                 report = pipeline.fetch(fetch_timeout_s)

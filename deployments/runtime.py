@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +27,11 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from characters.config import SessionConfig
+from deployments import telemetry
 from deployments.handoff import resolve_transport
 from deployments.pipeline import Workers
 from deployments.settings import ServiceConfig
+from deployments.telemetry import names as N
 from deployments.types import NAMESPACE
 from deployments.workers import DecoderWorker, DiTWorker, RoomWorker
 from placement.actor import node_of, release, reserve
@@ -76,7 +78,7 @@ class Slot:
 
     def workers(self, service: ServiceConfig) -> Workers:
         transport = resolve_transport(service.transport, self.device, self.spec.decoder_shares_gpu)
-        return Workers(self.dits, self.decoder, self.room, transport)
+        return Workers(self.dits, self.decoder, self.room, transport, self.device)
 
     def strategy(self, role_bundle: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=role_bundle,
@@ -101,24 +103,27 @@ async def _all(calls: Iterable[Awaitable[Any]], timeout_s: float, what: str) -> 
 
 
 async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *, use_gpus: bool,
-                     node_id: str | None = None) -> Slot:
-    """Reserve, populate and warm one slot (see the module docstring); destroys it on any failure."""
+                     node_id: str | None = None, trace_context: Mapping[str, str] | None = None) -> Slot:
+    """Reserve, populate and warm one slot (see the module docstring); destroys it on any failure.
+    `trace_context`: the slot's build span (W3C carrier): placement and every worker stage go under it."""
     t0 = time.monotonic()
     spec = bundles_for(cfg, use_gpus=use_gpus)
-    pg = await reserve(spec, name=slot_id, node_id=node_id, timeout_s=service.placement_timeout_s)
+    pg = await _reserve_traced(spec, slot_id, node_id, service.placement_timeout_s, trace_context or {})
     slot = Slot(slot_id, spec, pg, [], None, None)
+    trace = dict(trace_context or {})
     try:
-        auto = service.dtype is None
+        auto, started_ns = service.dtype is None, time.time_ns()
         ranks = spec.dit_ranks
         for r in range(ranks):
             b = spec.bundle_of("dit", r)
             slot.dits.append(ray.remote(DiTWorker).options(
                 name=f"{slot_id}.dit{r}", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
-                **_share(spec, b, use_gpus)).remote(cfg, rank=r, ranks=ranks, use_gpus=use_gpus, auto_dtype=auto))
+                **_share(spec, b, use_gpus)).remote(cfg, rank=r, ranks=ranks, use_gpus=use_gpus, auto_dtype=auto,
+                                                    trace_context=trace))
         b = spec.bundle_of("decoder")
         slot.decoder = ray.remote(DecoderWorker).options(
             name=f"{slot_id}.decoder", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
-            **_share(spec, b, use_gpus)).remote(cfg, use_gpus=use_gpus, auto_dtype=auto)
+            **_share(spec, b, use_gpus)).remote(cfg, use_gpus=use_gpus, auto_dtype=auto, trace_context=trace)
         b = spec.bundle_of("room")
         slot.room = ray.remote(RoomWorker).options(
             name=f"{slot_id}.room", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
@@ -126,6 +131,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
         slot.device = devices[0]
+        _span_since(N.SLOT_ACTORS, started_ns, trace, slot_id)  # process start and imports, up to init_device
         slot.standby = session_actor(slot, cfg, service)  # starts while the workers load and warm up
         port = await slot.dits[0].free_port.remote()
         await _all([*(w.init_process_group.remote(port) for w in slot.dits), slot.decoder.init_process_group.remote()],
@@ -142,13 +148,38 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         raise
 
 
+def _span_since(name: str, start_ns: int, trace_context: Mapping[str, str], slot_id: str) -> None:
+    tel = telemetry.current()
+    if tel.traces and trace_context:
+        tel.start_span(name, telemetry.extract(trace_context), start_ns=start_ns,
+                       attributes={N.SLOT_ID: slot_id}).end()
+
+
+async def _reserve_traced(spec: PlacementSpec, slot_id: str, node_id: str | None, timeout_s: float,
+                          trace_context: Mapping[str, str]) -> Any:
+    """`reserve`, inside a `slot.placement` span (asked -> ready, or the error) under the slot's build span."""
+    tel = telemetry.current()
+    if not tel.traces:
+        return await reserve(spec, name=slot_id, node_id=node_id, timeout_s=timeout_s)
+    span = tel.start_span(N.SLOT_PLACEMENT, telemetry.extract(trace_context), attributes={
+        N.SLOT_ID: slot_id, N.PLACEMENT_BUNDLES: len(spec.bundles), N.PLACEMENT_STRATEGY: spec.strategy})
+    try:
+        pg = await reserve(spec, name=slot_id, node_id=node_id, timeout_s=timeout_s)
+    except BaseException as err:
+        telemetry.fail(span, type(err).__name__)
+        raise
+    finally:
+        span.end()
+    return pg
+
+
 def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any:
     """A new SessionActor in the slot's room bundle (its process starts now, in the background)."""
     from deployments.session import SessionActor
 
     return ray.remote(SessionActor).options(
         num_cpus=cfg.topology.room_cpus / 2, scheduling_strategy=slot.strategy(slot.spec.bundle_of("room")),
-    ).remote(cfg, service, slot.workers(service))
+    ).remote(cfg, service, slot.workers(service), slot_id=slot.slot_id)
 
 
 async def reset_slot(slot: Slot, timeout_s: float) -> bool:

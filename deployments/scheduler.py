@@ -45,6 +45,7 @@ from deployments.runtime import (
 )
 from deployments.session import Outcome, Report
 from deployments.settings import ServiceConfig
+from deployments.telemetry import Admission, SchedulerTelemetry, SlotTrace, leaked_placement_groups, setup
 from deployments.types import (
     NAMESPACE,
     SCHEDULER_NAME,
@@ -95,6 +96,7 @@ class _Session:
     actor: Any = None
     end_reason: str | None = None
     pending_audio: list[tuple[bytes, int, int]] = field(default_factory=list)
+    admission: Admission | None = None  # its admission span and arrival (telemetry)
 
     @property
     def terminal(self) -> bool:
@@ -107,6 +109,7 @@ class _SlotRecord:
     admit: Admit  # what the slot holds in the ledger
     slot: Slot | None = None  # None while building
     built_for: str | None = None
+    trace: SlotTrace | None = None  # the slot's own trace (telemetry)
 
 
 DRAIN_RETRY_AFTER_S = 1.0
@@ -133,6 +136,8 @@ class SessionScheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._demand: int | None = None
         self._nodes_at = float("-inf")
+        self.tele = SchedulerTelemetry(setup("scheduler"))  # OTEL_* of this actor's process (off by default)
+        self._leaked_pgs: int | None = None  # slot placement groups Ray has and no slot holds (metrics on)
         self.draining = False
 
     # ------------------------------------------------------------------------------ the interface
@@ -146,11 +151,18 @@ class SessionScheduler:
             old = self.sessions.get(spec.session_id)
             if old is not None and not old.terminal:
                 raise ValueError(f"session {spec.session_id!r} already exists ({old.info.status}); use another id")
-            self._check_quota(spec)
+            adm, carried = self.tele.admission(spec.session_id, spec.preset, spec.trace_context, len(self.queue))
+            if carried != spec.trace_context:  # no request context: the admission span roots the session's trace
+                spec = replace(spec, trace_context=carried)
+            try:
+                self._check_quota(spec)
+            except NoCapacity:
+                self.tele.decided(adm, "rejected")
+                raise
             now = time.monotonic()
             self._dispatch(now)
             sess = _Session(SessionInfo(spec.session_id, SessionStatus.QUEUED, spec.preset), spec,
-                            deque(maxlen=self.service.events_max))
+                            deque(maxlen=self.service.events_max), admission=adm)
             lease = self.pool.acquire() if not self.waiting and not len(self.queue) else None
             if lease is not None:
                 self.sessions[spec.session_id] = sess
@@ -164,16 +176,19 @@ class SessionScheduler:
             request = Request(spec.session_id, self.spec, now, now + self.service.queue_timeout_s)
             decision = decide(self._ledger(), self.queue, request, now)
             if isinstance(decision, Reject):
+                self.tele.decided(adm, "rejected")
                 raise NoCapacity(
                     f"no whole bundle of {dict(self.spec.demand())} is free and the queue is full "
                     f"({len(self.queue)}/{self.queue.max_len}); retry after {decision.retry_after_s:.0f} s",
                     decision.retry_after_s)
             if isinstance(decision, Expire):
+                self.tele.decided(adm, "expired")
                 raise NoCapacity("the request expired before it was decided; retry", 1.0)
             self.sessions[spec.session_id] = sess
             _, self.queue = commit(self._ledger(), self.queue, [decision], incoming=request)
             if isinstance(decision, Enqueue):
                 sess.info.queue_position = decision.position
+                self.tele.queued(adm, decision.position)
                 self._event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}")
             else:
                 self._admit(decision, sess)
@@ -305,6 +320,7 @@ class SessionScheduler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self.tele.tel.flush, 2.0)
 
     # ------------------------------------------------------------------------------ decisions (lock held)
     def _dispatch(self, now: float) -> None:
@@ -341,6 +357,15 @@ class SessionScheduler:
         for i, sid in enumerate(self.queue.ids):
             self.sessions[sid].info.queue_position = i + 1
         self._publish_demand()
+        if self.tele.tel.metrics:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        """The capacity gauges, as of now (lock held)."""
+        self.tele.snapshot(statuses=[s.info.status.value for s in self.sessions.values()], queue_len=len(self.queue),
+                           bundles_free=free_bundles(self._ledger(), self.spec), bundles_used=len(self.slots),
+                           slot_states=[self.pool.state(sid) or "unknown" for sid in self.slots],
+                           leaked_pgs=self._leaked_pgs)
 
     def _admit(self, admit: Admit, sess: _Session) -> None:
         """A whole bundle is free for `sess`: build a new slot for it (cold start)."""
@@ -351,7 +376,8 @@ class SessionScheduler:
 
     def _new_slot(self, admit: Admit, built_for: str | None) -> str:
         slot_id = f"slot-{uuid.uuid4().hex[:10]}"
-        self.slots[slot_id] = _SlotRecord(slot_id, admit, built_for=built_for)
+        trace = self.tele.slot_building(slot_id, self.sessions[built_for].admission if built_for else None)
+        self.slots[slot_id] = _SlotRecord(slot_id, admit, built_for=built_for, trace=trace)
         self.pool.add(slot_id)
         self._spawn(self._build(slot_id))
         return slot_id
@@ -359,6 +385,9 @@ class SessionScheduler:
     def _start_on(self, sess: _Session, lease: Lease) -> None:
         sess.lease = lease
         sess.info.warm_start = lease.slot_id != sess.own_slot
+        rec = self.slots.get(lease.slot_id)
+        self.tele.decided(sess.admission, "warm" if sess.info.warm_start else "cold",
+                          slot=rec.trace if rec else None, warm=sess.info.warm_start)
         sess.info.queue_position = None
         if sess.info.status is not SessionStatus.STARTING:
             self._status(sess, SessionStatus.STARTING, "warm" if sess.info.warm_start else "cold")
@@ -389,10 +418,13 @@ class SessionScheduler:
     async def _build(self, slot_id: str) -> None:
         rec = self.slots[slot_id]
         use_gpus = bool(self.use_gpus)
+        trace = rec.trace or SlotTrace(slot_id, None, {})
         try:
-            slot = await build_slot(slot_id, self.cfg, self.service, use_gpus=use_gpus, node_id=rec.admit.node_id)
+            slot = await build_slot(slot_id, self.cfg, self.service, use_gpus=use_gpus, node_id=rec.admit.node_id,
+                                    trace_context=trace.context)
         except Exception as err:  # any failure: the slot is gone, and whoever waits on it must hear why
             log.exception("slot %s failed to build", slot_id)
+            self.tele.slot_built(trace, error=type(err).__name__)
             async with self.lock:
                 self.pool.fail(slot_id)
                 self._remove_slot(slot_id)
@@ -401,6 +433,8 @@ class SessionScheduler:
                     self._terminal(self.sessions[self.waiting.pop()], SessionStatus.FAILED, reason)
                 self._dispatch(time.monotonic())
             return
+        self.tele.slot_built(trace, node_id=slot.node_id, device=slot.device)
+        self.tele.worker_stages(slot.stages)
         async with self.lock:
             if slot_id not in self.slots:  # removed meanwhile (shutdown)
                 destroy_slot(slot)
@@ -484,6 +518,8 @@ class SessionScheduler:
                             self.pool.fail(rec.slot_id)
                             self._remove_slot(rec.slot_id)
                 await self._check_free_slots()
+                if self.tele.tel.metrics:
+                    await self._check_placement_groups()
             async with self.lock:
                 self._dispatch(time.monotonic())
 
@@ -497,6 +533,16 @@ class SessionScheduler:
                     log.warning("warm slot %s lost a worker while idle; removing it", rec.slot_id)
                     self.pool.fail(rec.slot_id)
                     self._remove_slot(rec.slot_id)
+
+    async def _check_placement_groups(self) -> None:
+        """Count slot placement groups that Ray still has and no slot holds (a leak; metrics only)."""
+        try:
+            table = await asyncio.to_thread(ray.util.placement_group_table)
+        except (RayError, OSError) as err:
+            log.warning("could not list placement groups: %s", err)
+            return
+        async with self.lock:
+            self._leaked_pgs = leaked_placement_groups(table, self.slots)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -540,6 +586,9 @@ class SessionScheduler:
         if stats is not None:
             sess.info.stats = stats
         self._status(sess, status, reason)
+        self.tele.decided(sess.admission, "expired" if reason.startswith("queue_timeout") else
+                          "failed" if status is SessionStatus.FAILED else "ended")
+        self.tele.ended(status.value, reason)
         ended = [s for s in self.sessions.values() if s.terminal]
         for old in ended[: max(0, len(ended) - self.service.ended_max)]:
             del self.sessions[old.info.id]

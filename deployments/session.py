@@ -31,10 +31,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import ray
 from ray.exceptions import RayError
 
 from characters.audio import chunk_sample_range, convert_pcm, pcm16_to_float
 from characters.config import SessionConfig
+from deployments import telemetry
 from deployments.pipeline import (
     ActorCallPipeline,
     ChunkFailure,
@@ -45,6 +47,8 @@ from deployments.pipeline import (
     run_chunk_loop,
 )
 from deployments.settings import ServiceConfig
+from deployments.telemetry import SessionTelemetry
+from deployments.telemetry import names as N
 from deployments.types import SessionSpec, SessionStats, SessionStatus
 from deployments.workers import ChunkReport
 
@@ -141,7 +145,8 @@ class SessionRunner:
 
     def __init__(self, session_id: str, cfg: SessionConfig, *, max_duration_s: float, depth: int,
                  fetch_timeout_s: float, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None) -> None:
+                 wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None,
+                 on_chunk: Callable[[ChunkReport, float], None] | None = None) -> None:
         g = cfg.model.generation
         self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
@@ -157,6 +162,8 @@ class SessionRunner:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self.on_event: Callable[[], None] = lambda: None  # called (any thread) when a status changes
+        self.on_chunk = on_chunk  # telemetry: every published chunk's report and submit time (loop thread)
+        self.loop_ended_at: float | None = None  # clock() when the chunk loop returned
 
     # ----------------------------------------------------------------------------- any thread
     def stop(self, reason: str) -> None:
@@ -211,6 +218,7 @@ class SessionRunner:
                 pipeline, session_id=self.session_id, audio=self.audio.take, chunk_s=self.chunk_s, depth=self.depth,
                 max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
                 wait=self._stopped.wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report)
+            self.loop_ended_at = self.clock()
             if result.failure is not None:
                 return self.finish(SessionStatus.FAILED, str(result.failure))
             outcome = Outcome(SessionStatus.ENDED, result.reason, True, replace(self.stats))
@@ -237,6 +245,12 @@ class SessionRunner:
             self._events.append(EventDraft("chunk", chunk=report.chunk, detail=detail, at=self.wall()))
         if first:
             self.on_event()
+        if self.on_chunk is not None:
+            try:
+                self.on_chunk(report, submitted_at)
+            except Exception:  # telemetry must never stop a session: drop it, say so once
+                log.exception("session %s: chunk telemetry failed; it is off for this session", self.session_id)
+                self.on_chunk = None
 
 
 # ------------------------------------------------------------------------------------------ the actor
@@ -248,8 +262,12 @@ class SessionActor:
     session; the scheduler starts it ahead of time (with the slot, and again each time the slot is
     returned), so a session does not wait for a Python process to start and import torch."""
 
-    def __init__(self, cfg: SessionConfig, service: ServiceConfig, workers: Workers) -> None:
+    def __init__(self, cfg: SessionConfig, service: ServiceConfig, workers: Workers,
+                 slot_id: str | None = None) -> None:
         self.cfg, self.service, self.workers = cfg, service, workers
+        # one session actor per slot at a time: its metric series continue the slot's (counters reset)
+        self.tel = telemetry.setup("session", instance=f"{slot_id}.session" if slot_id else None)
+        self.trace: SessionTelemetry | None = None
         g = cfg.model.generation
         self.audio = AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
         self.runner: SessionRunner | None = None
@@ -278,8 +296,16 @@ class SessionActor:
         if self.runner is not None:
             raise RuntimeError("this SessionActor already ran a session; each session gets a fresh one")
         self.spec, self.output_path, self.scheduler = spec, output_path, scheduler
+        if self.tel.enabled:
+            try:
+                self.trace = SessionTelemetry(self.tel, spec.session_id, spec.trace_context, preset=spec.preset,
+                                              output_kind=spec.output.kind, device=self.workers.device)
+            except Exception:  # telemetry must never stop a session
+                log.exception("session %s: telemetry failed to start; it is off for this session", spec.session_id)
+            self._traced(lambda t: t.starting(int(requested_at * 1e9) if requested_at else None))
         self.runner = SessionRunner(spec.session_id, self.cfg, max_duration_s=spec.max_duration_s, audio=self.audio,
-                                    depth=self.service.pipeline_depth, fetch_timeout_s=self.service.chunk_timeout_s)
+                                    depth=self.service.pipeline_depth, fetch_timeout_s=self.service.chunk_timeout_s,
+                                    on_chunk=self._on_chunk if self.trace is not None else None)
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         if self._early_stop is not None:
@@ -297,27 +323,67 @@ class SessionActor:
         reporter = asyncio.create_task(self._report_loop())
         try:
             try:
-                t0 = time.monotonic()
+                t0, w0 = time.monotonic(), time.time_ns()
                 await self._prepare()
                 runner.phases["prepare_s"] = time.monotonic() - t0
+                self._phase(N.SESSION_PREPARE, w0)
             except (RayError, ValueError, OSError) as err:
+                self._phase(N.SESSION_PREPARE, w0, type(err).__name__)
                 outcome = runner.finish(SessionStatus.FAILED, f"start_failed: {classify(err)}")
             else:
-                outcome = await asyncio.to_thread(runner.run, self._make_pipeline)
+                outcome = await asyncio.to_thread(runner.run, self._make_traced_pipeline)
             closed = await self._close_room()
             final = runner.finish(outcome.status, outcome.reason)  # announced now: the output is complete
             outcome = replace(final, healthy=outcome.healthy and closed and final.healthy)
+            ended = runner.loop_ended_at
+            final_outcome = outcome
+            self._traced(lambda t: t.ended(
+                final_outcome.status.value, final_outcome.reason, final_outcome.stats, phases=runner.phases,
+                start_ns=telemetry.time_ns_of(ended) if ended is not None else time.time_ns()))
         finally:
             self._closing = True
             wake.set()
             await reporter  # sends whatever is left, then returns
+            if self.tel.enabled:  # the scheduler kills this actor as soon as run() returns
+                await asyncio.to_thread(self.tel.flush, 2.0)
         return outcome
+
+    def _on_chunk(self, report: ChunkReport, submitted_at: float) -> None:
+        if self.trace is not None and self.runner is not None:  # SessionRunner guards this call
+            self.trace.on_chunk(report, submitted_at, self.runner.phases)
+
+    def _traced(self, call: Callable[[SessionTelemetry], object]) -> None:
+        """Run a telemetry call; a failure turns telemetry off for this session, never the session."""
+        if self.trace is None:
+            return
+        try:
+            call(self.trace)
+        except Exception:  # telemetry must never stop a session
+            log.exception("session %s: telemetry failed; it is off for this session", self.spec.session_id)
+            self.trace = None
+            if self.runner is not None:
+                self.runner.on_chunk = None
+
+    def _phase(self, name: str, start_ns: int, error: str | None = None) -> None:
+        end_ns = time.time_ns()
+        self._traced(lambda t: t.phase(name, start_ns, end_ns, error))
+
+    def _make_traced_pipeline(self) -> Pipeline:
+        w0 = time.time_ns()
+        try:
+            pipeline = self._make_pipeline()
+        except BaseException as err:
+            self._phase(N.SESSION_COMPILE, w0, type(err).__name__)
+            raise
+        self._phase(N.SESSION_COMPILE, w0)
+        return pipeline
 
     async def _prepare(self) -> None:
         w, sid = self.workers, self.spec.session_id
         reference = w.decoder.encode_reference.remote(sid, self.spec.image)
         await asyncio.gather(*(d.start.remote(sid, reference, self.spec.seed) for d in w.dits),
-                             w.decoder.start.remote(sid), w.room.open.remote(sid, self.spec.output, self.output_path))
+                             w.decoder.start.remote(sid), w.room.open.remote(sid, self.spec.output, self.output_path,
+                                               ray.get_runtime_context().current_actor, self.spec.max_duration_s))
 
     def _make_pipeline(self) -> Pipeline:
         if self.service.graph == "actor_calls":

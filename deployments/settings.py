@@ -15,6 +15,31 @@ turns them into the one frozen config that the scheduler, its slots and its sess
     CHARACTERS_PLACEMENT_TIMEOUT_S   wait for a placement group before removing it
     CHARACTERS_WORKER_TIMEOUT_S      wait for a worker stage (load weights, warm up) before failing the slot
     GLOO_SOCKET_IFNAME               interface gloo binds for CPU tensor parallelism (lo: loopback only)
+
+Telemetry (`TelemetryConfig.from_env()`; OFF unless an OTLP endpoint or exporter is set; docs/operations.md):
+
+    OTEL_SDK_DISABLED                true: no telemetry at all, whatever else is set
+    OTEL_SERVICE_NAME                service.name of every process (default realtime-characters)
+    OTEL_RESOURCE_ATTRIBUTES         extra resource attributes, k=v,k2=v2 (e.g. k8s.pod.name)
+    OTEL_EXPORTER_OTLP_ENDPOINT      collector base URL, e.g. http://otel-collector:4317; set: telemetry on
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_METRICS_ENDPOINT   per-signal URL, used as is
+    OTEL_EXPORTER_OTLP_PROTOCOL      grpc | http/protobuf
+    OTEL_EXPORTER_OTLP_HEADERS       k=v,k2=v2 sent with every export (vendor auth: never logged)
+    OTEL_EXPORTER_OTLP_TIMEOUT       export timeout, milliseconds
+    OTEL_TRACES_EXPORTER             otlp | none (unset: otlp iff an endpoint is set)
+    OTEL_METRICS_EXPORTER            otlp | none (unset: otlp iff an endpoint is set)
+    OTEL_TRACES_SAMPLER              always_on | always_off | traceidratio | parentbased_always_on |
+                                     parentbased_always_off | parentbased_traceidratio
+    OTEL_TRACES_SAMPLER_ARG          the ratio of the *traceidratio samplers, 0..1
+    OTEL_BSP_SCHEDULE_DELAY          span batch export period, milliseconds
+    OTEL_BSP_MAX_QUEUE_SIZE          spans held for export per process (beyond: dropped, never blocking)
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE   spans per export request
+    OTEL_METRIC_EXPORT_INTERVAL      metric export period, milliseconds
+    OTEL_METRIC_EXPORT_TIMEOUT       metric export timeout, milliseconds
+    CHARACTERS_TRACE_CHUNKS_FIRST    chunk spans kept at a session's start (every chunk up to this many)
+    CHARACTERS_TRACE_CHUNKS_EVERY    then one chunk span every N chunks (0: none)
+    CHARACTERS_TRACE_LATE_PER_MIN    late chunks traced per session and minute, beyond the above
+    CHARACTERS_RAY_METRICS           true: also record the metrics with ray.util.metrics (Ray's Prometheus port)
 """
 
 from __future__ import annotations
@@ -24,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -83,6 +109,78 @@ WORKER_TIMEOUT_S = EnvVar("CHARACTERS_WORKER_TIMEOUT_S", float, 600.0, "seconds 
 GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", str, "lo", "network interface for gloo (CPU tensor parallelism)")
 
 
+def _parse_bool(raw: str) -> bool:
+    value = _parse_bool_or_auto(raw)
+    if value is None:
+        raise ValueError(f"expected true or false, got {raw!r}")
+    return value
+
+
+def _parse_pairs(raw: str) -> dict[str, str]:
+    """`k=v,k2=v2` (W3C baggage-like, values URL-encoded) -> a dict."""
+    out = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value pairs separated by commas, got an item {item.split('=')[0]!r}=...")
+        out[unquote(key.strip())] = unquote(value.strip())
+    return out
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _non_negative(parse: Callable[[str], T]) -> Callable[[str], T]:
+    def check(raw: str) -> T:
+        value = parse(raw)
+        if value < 0:  # type: ignore[operator]
+            raise ValueError("must be >= 0")
+        return value
+
+    return check
+
+
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+            "parentbased_traceidratio")
+OTEL_SDK_DISABLED = EnvVar("OTEL_SDK_DISABLED", _parse_bool, False, "true or false")
+OTEL_SERVICE_NAME = EnvVar("OTEL_SERVICE_NAME", str, "realtime-characters", "the service.name resource attribute")
+OTEL_RESOURCE_ATTRIBUTES: EnvVar[dict[str, str]] = EnvVar("OTEL_RESOURCE_ATTRIBUTES", _parse_pairs, {},
+                                                          "resource attributes, k=v,k2=v2")
+OTEL_ENDPOINT = EnvVar("OTEL_EXPORTER_OTLP_ENDPOINT", str, "", "the collector's URL, e.g. http://127.0.0.1:4317")
+OTEL_TRACES_ENDPOINT = EnvVar("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", str, "", "the URL traces are sent to")
+OTEL_METRICS_ENDPOINT = EnvVar("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", str, "", "the URL metrics are sent to")
+OTEL_PROTOCOL = EnvVar("OTEL_EXPORTER_OTLP_PROTOCOL", _choice("grpc", "http/protobuf"), "grpc",
+                       "grpc or http/protobuf")
+OTEL_HEADERS: EnvVar[dict[str, str]] = EnvVar("OTEL_EXPORTER_OTLP_HEADERS", _parse_pairs, {},
+                                              "export headers, k=v,k2=v2")
+OTEL_TIMEOUT_MS = EnvVar("OTEL_EXPORTER_OTLP_TIMEOUT", _non_negative(int), 10000, "milliseconds, an integer >= 0")
+OTEL_TRACES_EXPORTER = EnvVar("OTEL_TRACES_EXPORTER", _choice("otlp", "none"), "", "otlp or none")
+OTEL_METRICS_EXPORTER = EnvVar("OTEL_METRICS_EXPORTER", _choice("otlp", "none"), "", "otlp or none")
+OTEL_SAMPLER = EnvVar("OTEL_TRACES_SAMPLER", _choice(*SAMPLERS), "parentbased_always_on", ", ".join(SAMPLERS))
+OTEL_SAMPLER_ARG = EnvVar("OTEL_TRACES_SAMPLER_ARG", _non_negative(float), 1.0, "a ratio in [0, 1]")
+OTEL_BSP_SCHEDULE_DELAY_MS = EnvVar("OTEL_BSP_SCHEDULE_DELAY", _non_negative(int), 5000, "milliseconds, >= 0")
+OTEL_BSP_MAX_QUEUE_SIZE = EnvVar("OTEL_BSP_MAX_QUEUE_SIZE", _non_negative(int), 2048, "spans, an integer > 0")
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE = EnvVar("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _non_negative(int), 512,
+                                        "spans, an integer > 0 and <= OTEL_BSP_MAX_QUEUE_SIZE")
+OTEL_METRIC_EXPORT_INTERVAL_MS = EnvVar("OTEL_METRIC_EXPORT_INTERVAL", _non_negative(int), 60000,
+                                        "milliseconds, an integer > 0")
+OTEL_METRIC_EXPORT_TIMEOUT_MS = EnvVar("OTEL_METRIC_EXPORT_TIMEOUT", _non_negative(int), 30000,
+                                       "milliseconds, an integer > 0")
+TRACE_CHUNKS_FIRST = EnvVar("CHARACTERS_TRACE_CHUNKS_FIRST", _non_negative(int), 24, "chunks, an integer >= 0")
+TRACE_CHUNKS_EVERY = EnvVar("CHARACTERS_TRACE_CHUNKS_EVERY", _non_negative(int), 60, "chunks, an integer >= 0")
+TRACE_LATE_PER_MIN = EnvVar("CHARACTERS_TRACE_LATE_PER_MIN", _non_negative(int), 30, "chunks, an integer >= 0")
+RAY_METRICS = EnvVar("CHARACTERS_RAY_METRICS", _parse_bool, False, "true or false")
+
+
 class ServiceConfig(BaseModel):
     """What the scheduler serves and how: one model and topology, admission limits, the chunk graph."""
 
@@ -97,7 +195,9 @@ class ServiceConfig(BaseModel):
     dtype: DType | None = Field(
         default=None, description="Compute dtype; None: bfloat16 on CUDA devices, float32 on CPU (per worker)."
     )
-    weights: str | None = Field(default=None, description="Weights directory; None: seeded random weights.")
+    weights: str | None = Field(
+        default=None, description="Weights directory; None: the preset's shipped weights if any, else seeded random; "
+        "'random': seeded random weights.")
     weights_seed: int = Field(default=0, description="Seed of random weights (shared by every slot).")
     warm_slots: int = Field(default=0, ge=0, description="Warm slots kept across sessions (0 on the CPU default).")
     queue_max: int = Field(default=8, ge=0, description="Requests that may wait for a bundle; 0: refuse at once.")
@@ -175,6 +275,88 @@ class ServiceConfig(BaseModel):
             "max_sessions_per_key": MAX_SESSIONS_PER_KEY.get(), "use_gpus": USE_GPUS.get(),
             "transport": TRANSPORT.get(), "output_dir": OUTPUT_DIR.get(),
             "placement_timeout_s": PLACEMENT_TIMEOUT_S.get(), "worker_timeout_s": WORKER_TIMEOUT_S.get(),
+        }
+        values.update(overrides)
+        return cls.model_validate(values)
+
+
+def _signal_endpoint(exporter: str, specific: str, base: str, protocol: str, path: str) -> str:
+    """Where one signal goes, by the OTel rules; "" when the signal is off (the default)."""
+    if exporter == "none":
+        return ""
+    if specific:
+        return specific
+    if not base and exporter != "otlp":
+        return ""  # nothing asked for telemetry
+    if protocol == "http/protobuf":
+        return (base or "http://localhost:4318").rstrip("/") + path
+    return base or "http://localhost:4317"
+
+
+class TelemetryConfig(BaseModel):
+    """OpenTelemetry export of one process (every Ray actor builds its own from its environment)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    service_name: str = Field(default="realtime-characters", description="service.name of every span and metric.")
+    resource: dict[str, str] = Field(default_factory=dict, description="Extra resource attributes.")
+    traces_endpoint: str = Field(default="", description="OTLP URL of traces; empty: no traces (no-op tracer).")
+    metrics_endpoint: str = Field(default="", description="OTLP URL of metrics; empty: no OTLP metrics.")
+    protocol: Literal["grpc", "http/protobuf"] = Field(default="grpc", description="OTLP transport.")
+    headers: dict[str, str] = Field(default_factory=dict, repr=False, description="Headers of every export.")
+    timeout_s: float = Field(default=10.0, ge=0, description="Timeout of one export request.")
+    sampler: str = Field(default="parentbased_always_on", description="Head sampler (OTEL_TRACES_SAMPLER).")
+    sampler_arg: float = Field(default=1.0, ge=0, le=1, description="Ratio of the traceidratio samplers.")
+    bsp_schedule_delay_ms: int = Field(default=5000, ge=1, description="Span batch export period.")
+    bsp_max_queue_size: int = Field(default=2048, ge=1, description="Spans queued per process; beyond: dropped.")
+    bsp_max_export_batch_size: int = Field(default=512, ge=1, description="Spans per export request.")
+    metric_export_interval_ms: int = Field(default=60000, ge=1, description="Metric export period.")
+    metric_export_timeout_ms: int = Field(default=30000, ge=1, description="Metric export timeout.")
+    trace_chunks_first: int = Field(default=24, ge=0, description="Chunk spans kept at a session's start.")
+    trace_chunks_every: int = Field(default=60, ge=0, description="Then one chunk span every N chunks; 0: none.")
+    trace_late_per_min: int = Field(default=30, ge=0, description="Late chunks traced per session and minute.")
+    ray_metrics: bool = Field(default=False, description="Also record metrics with ray.util.metrics.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TelemetryConfig:
+        if self.bsp_max_export_batch_size > self.bsp_max_queue_size:
+            raise ValueError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE={self.bsp_max_export_batch_size} exceeds "
+                             f"OTEL_BSP_MAX_QUEUE_SIZE={self.bsp_max_queue_size}; lower the batch or raise the queue")
+        return self
+
+    @property
+    def traces(self) -> bool:
+        return bool(self.traces_endpoint)
+
+    @property
+    def metrics(self) -> bool:
+        return bool(self.metrics_endpoint) or self.ray_metrics
+
+    @property
+    def enabled(self) -> bool:
+        return self.traces or self.metrics
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> TelemetryConfig:
+        """The config from the OTEL_* / CHARACTERS_TRACE_* variables (module docstring), then `overrides`."""
+        if OTEL_SDK_DISABLED.get():
+            return cls.model_validate(overrides)
+        protocol, base = OTEL_PROTOCOL.get(), OTEL_ENDPOINT.get()
+        values: dict[str, Any] = {
+            "service_name": OTEL_SERVICE_NAME.get(), "resource": OTEL_RESOURCE_ATTRIBUTES.get(),
+            "traces_endpoint": _signal_endpoint(OTEL_TRACES_EXPORTER.get(), OTEL_TRACES_ENDPOINT.get(), base,
+                                                protocol, "/v1/traces"),
+            "metrics_endpoint": _signal_endpoint(OTEL_METRICS_EXPORTER.get(), OTEL_METRICS_ENDPOINT.get(), base,
+                                                 protocol, "/v1/metrics"),
+            "protocol": protocol, "headers": OTEL_HEADERS.get(), "timeout_s": OTEL_TIMEOUT_MS.get() / 1000,
+            "sampler": OTEL_SAMPLER.get(), "sampler_arg": OTEL_SAMPLER_ARG.get(),
+            "bsp_schedule_delay_ms": OTEL_BSP_SCHEDULE_DELAY_MS.get(),
+            "bsp_max_queue_size": OTEL_BSP_MAX_QUEUE_SIZE.get(),
+            "bsp_max_export_batch_size": OTEL_BSP_MAX_EXPORT_BATCH_SIZE.get(),
+            "metric_export_interval_ms": OTEL_METRIC_EXPORT_INTERVAL_MS.get(),
+            "metric_export_timeout_ms": OTEL_METRIC_EXPORT_TIMEOUT_MS.get(),
+            "trace_chunks_first": TRACE_CHUNKS_FIRST.get(), "trace_chunks_every": TRACE_CHUNKS_EVERY.get(),
+            "trace_late_per_min": TRACE_LATE_PER_MIN.get(), "ray_metrics": RAY_METRICS.get(),
         }
         values.update(overrides)
         return cls.model_validate(values)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from deployments.livekit.config import LiveKitOutput
 
 SCHEDULER_NAME = "characters-scheduler"
 NAMESPACE = "characters"
@@ -47,7 +50,7 @@ class SessionSpec:
     image: np.ndarray  # (H, W, 3) uint8, already resized/cropped to the preset's resolution
     preset: str = "tiny"
     max_duration_s: float = 300.0
-    output: OutputSpec = field(default_factory=OutputSpec)
+    output: OutputSpec | LiveKitOutput = field(default_factory=OutputSpec)
     seed: int = 0
     api_key_id: str | None = None  # which API key made it (for per-key quotas), never the key itself
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate

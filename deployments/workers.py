@@ -18,12 +18,12 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -32,8 +32,12 @@ import torch.distributed as dist
 from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.media import Mp4Writer
+from characters.telemetry import StageTime
+from deployments import telemetry
 from deployments.handoff import REFERENCE, Latents, pack, unpack
+from deployments.livekit.config import LiveKitOutput
 from deployments.settings import GLOO_SOCKET_IFNAME
+from deployments.telemetry.stages import StageHook, chunk_recorder, stage_spans
 from deployments.types import OutputSpec
 
 STAGES = ("init_device", "init_process_group", "load_weights", "warm_up")
@@ -60,10 +64,18 @@ class Ack:
 
 
 @dataclass(frozen=True)
+class TimedLatents(Latents):
+    """DiT rank 0's latents with the stage times measured so far (telemetry on; the handoff reads the rest)."""
+
+    stages: tuple[StageTime, ...] = ()
+
+
+@dataclass(frozen=True)
 class Frames:
     session_id: str
     chunk: int
     frames: np.ndarray  # (F, H, W, 3) uint8
+    stages: tuple[StageTime, ...] = ()  # DiT and decoder stage times (telemetry on)
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,10 @@ class ChunkReport:
     delivered_fps: float
     digest: str  # blake2b of the frames' bytes: equal frames <=> equal digests
     published_at: float  # the room's clock (monotonic: comparable on one node, where the whole slot is)
+    stages: tuple[StageTime, ...] = ()  # where the time went (telemetry on): this chunk's host times, and
+    #                                     GPU times of earlier chunks (CUDA events are read once complete)
+    buffer_s: float = 0.0  # media queued ahead of playout when this chunk arrived (the jitter buffer)
+    av_offset_s: float = 0.0  # video minus audio play time, as the sink measures it (0: muxed together)
 
 
 class SessionMismatch(RuntimeError):
@@ -88,10 +104,11 @@ class SessionMismatch(RuntimeError):
 
 
 class StageTimer:
-    """Runs named stages in the fixed order of STAGES and keeps each one's duration (seconds)."""
+    """Runs named stages in the fixed order of STAGES and keeps each one's duration (seconds);
+    `on_stage` hears every stage's wall-clock span, failed ones too (telemetry)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, on_stage: StageHook | None = None) -> None:
+        self.clock, self.on_stage = clock, on_stage
         self.seconds: dict[str, float] = {}
 
     @contextmanager
@@ -99,9 +116,17 @@ class StageTimer:
         want = STAGES[len(self.seconds)] if len(self.seconds) < len(STAGES) else None
         if name != want:
             raise RuntimeError(f"stage {name!r} out of order: done {list(self.seconds)}, next is {want!r}")
-        t0 = self.clock()
-        yield
+        t0, w0 = self.clock(), time.time_ns()
+        try:
+            yield
+        except BaseException as err:
+            if self.on_stage is not None:
+                self.on_stage(name, w0, time.time_ns(), type(err).__name__)
+            raise
         self.seconds[name] = self.clock() - t0
+        if self.on_stage is not None:
+            self.on_stage(name, w0, time.time_ns(), None)
+
 
     @property
     def ready(self) -> bool:
@@ -135,12 +160,12 @@ class DiTWorker:
     """One tensor-parallel rank of a slot's DiT."""
 
     def __init__(self, cfg: SessionConfig, *, rank: int = 0, ranks: int = 1, use_gpus: bool = False,
-                 auto_dtype: bool = True, cpu_threads: int = 1) -> None:
+                 auto_dtype: bool = True, cpu_threads: int = 1, trace_context: Mapping[str, str] | None = None) -> None:
         if not 0 <= rank < ranks:
             raise ValueError(f"rank={rank} must be in [0, ranks={ranks})")
         self.cfg, self.rank, self.ranks = cfg, rank, ranks
         self.use_gpus, self.auto_dtype, self.cpu_threads = use_gpus, auto_dtype, cpu_threads
-        self.timer = StageTimer()
+        self.timer = StageTimer(on_stage=stage_spans("dit", rank, trace_context, STAGES[-1]))
         self.device = torch.device("cpu")
         self.group: dist.ProcessGroup | None = None
         self.runner: DiTRunner | None = None
@@ -190,6 +215,8 @@ class DiTWorker:
                     runner.capture_graphs()
                 torch.cuda.synchronize(self.device)  # outside any session: a one-off
             runner.reset()
+            if self.rank == 0:  # rank 0's times travel with its latents
+                runner.recorder = chunk_recorder(self.device)
 
     def stages(self) -> dict[str, float]:
         return dict(self.timer.seconds)
@@ -201,6 +228,9 @@ class DiTWorker:
         m = self.cfg.model
         ref = unpack(reference, session_id=session_id, chunk=REFERENCE, shape=(1, m.dit.latent_channels, *m.latent_hw))
         runner.start(ref, seed=seed)
+        if runner.recorder is not None:
+            runner.recorder.reset()
+            runner.recorder.anchor()  # re-tie GPU and host clocks at every session start (outside the loop)
         self.session_id = session_id
 
     def step(self, inp: ChunkInput) -> Latents | Ack:
@@ -211,8 +241,18 @@ class DiTWorker:
                 f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk}, got session "
                 f"{inp.session_id!r} chunk {inp.chunk}; start the session on this worker first"
             )
+        rec = runner.recorder
+        t0 = time.time_ns()
         latents = runner.step(inp.pcm)  # (1, C, Cf, h, w) float32
-        return pack(inp.session_id, inp.chunk, latents) if self.rank == 0 else Ack(self.rank, inp.chunk)
+        if self.rank != 0:
+            return Ack(self.rank, inp.chunk)
+        msg = pack(inp.session_id, inp.chunk, latents)
+        if rec is None:
+            return msg
+        stages = rec.harvest()  # host: this chunk's; CUDA: earlier chunks' (only completed events)
+        if rec.cuda:  # the host's view too: the handoff is measured from it
+            stages.append(StageTime(inp.chunk, "dit", t0, time.time_ns() - t0, "host"))
+        return TimedLatents(msg.header, msg.tensor, tuple(stages))
 
     def reset(self) -> None:
         """Wipe every trace of the last session (KV cache, audio history, chunk index)."""
@@ -237,9 +277,9 @@ class DecoderWorker:
     """The slot's VAE: the reference encoder and the streaming decoder (own GPU, or DiT rank 0's)."""
 
     def __init__(self, cfg: SessionConfig, *, use_gpus: bool = False, auto_dtype: bool = True,
-                 cpu_threads: int = 1) -> None:
+                 cpu_threads: int = 1, trace_context: Mapping[str, str] | None = None) -> None:
         self.cfg, self.use_gpus, self.auto_dtype, self.cpu_threads = cfg, use_gpus, auto_dtype, cpu_threads
-        self.timer = StageTimer()
+        self.timer = StageTimer(on_stage=stage_spans("decoder", None, trace_context, STAGES[-1]))
         self.device = torch.device("cpu")
         self.runner: DecoderRunner | None = None
         self.encoder: ReferenceEncoder | None = None
@@ -274,6 +314,7 @@ class DecoderWorker:
             if self.device.type == "cuda":
                 runner.capture_graph()
             runner.start()
+            runner.recorder = chunk_recorder(self.device)
 
     def stages(self) -> dict[str, float]:
         return dict(self.timer.seconds)
@@ -293,6 +334,8 @@ class DecoderWorker:
         self.timer.require_ready("DecoderWorker.start")
         runner, _ = self._parts()
         runner.start()
+        if runner.recorder is not None:
+            runner.recorder.reset()
         self.session_id, self.chunk = session_id, 0
 
     def decode(self, latents: Latents, *acks: Ack) -> Frames:
@@ -304,9 +347,16 @@ class DecoderWorker:
         stale = [a for a in acks if a.chunk != self.chunk]
         if stale:
             raise SessionMismatch(f"decoder at chunk {self.chunk} got acks {stale} from other chunks")
-        frames = runner.decode(z).cpu().numpy()  # (F, H, W, 3) uint8
+        t0 = time.time_ns()
+        frames = runner.decode(z).cpu().numpy()  # (F, H, W, 3) uint8 (the copy to host waits for the decode)
         self.chunk += 1
-        return Frames(self.session_id, self.chunk - 1, frames)
+        rec = runner.recorder
+        if rec is None:
+            return Frames(self.session_id, self.chunk - 1, frames)
+        stages = [*getattr(latents, "stages", ()), *rec.harvest()]
+        if rec.cuda:
+            stages.append(StageTime(self.chunk - 1, "decode", t0, time.time_ns() - t0, "host"))
+        return Frames(self.session_id, self.chunk - 1, frames, tuple(stages))
 
     def reset(self) -> None:
         if self.runner is not None:
@@ -386,6 +436,10 @@ class PlayoutMeter:
         self.late += lateness > 0
         return lateness > 0, lateness
 
+    def queued_s(self, now: float) -> float:
+        """Media queued ahead of the playhead at `now`: the last chunk's playout end minus now."""
+        return max(0.0, self.played[-1] + self.chunk_s - now) if self.played else 0.0
+
     @property
     def delivered_fps(self) -> float:
         if len(self.played) < 2:
@@ -394,12 +448,31 @@ class PlayoutMeter:
         return (len(self.played) - 1) * self.frames_per_chunk / span if span > 0 else 0.0
 
 
+class SessionAudioHandler:
+    """The room's agent-audio callbacks, forwarded to the session actor (never blocking the room's loop):
+    agent speech -> the session's audio queue, `lk.clear_buffer` -> drop queued audio (the room awaits
+    the dropped-sample count), END_CALL / agent left / room empty / max duration -> end the session."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> object:
+        return self.session.push_audio.remote(pcm16, sample_rate, channels)
+
+    def clear_audio(self) -> Any:
+        return self.session.clear_audio.remote()  # an ObjectRef: awaitable on the room's loop
+
+    def end_session(self, reason: str) -> object:
+        return self.session.stop.remote(reason)
+
+
 class RoomWorker:
     """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
 
     def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
                  buffer_chunks: float = 1.0) -> None:
         self.cfg, self.clock = cfg, clock
+        self.timed = telemetry.setup("room").enabled  # stamp the publish stage (telemetry on)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
         self.buffer_s = buffer_chunks * self.chunk_s
@@ -407,7 +480,8 @@ class RoomWorker:
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
         self.session_id: str | None = None
 
-    def open(self, session_id: str, output: OutputSpec, path: str | None = None) -> None:
+    def open(self, session_id: str, output: OutputSpec | LiveKitOutput, path: str | None = None,
+             session: Any = None, max_duration_s: float | None = None) -> None:
         """Start publishing for `session_id`: "file" writes an MP4 at `path`, "null" discards."""
         self.close()
         m = self.cfg.model
@@ -416,6 +490,17 @@ class RoomWorker:
             if path is None:
                 raise ValueError("output kind 'file' needs a path; the scheduler resolves it under output_dir")
             self.sink = Mp4Sink(Path(path), g.width, g.height, g.fps, m.audio.sample_rate)
+        elif output.kind == "livekit":
+            from deployments.livekit.config import MediaFormat
+            from deployments.livekit.sink import LiveKitSink
+
+            if not isinstance(output, LiveKitOutput):
+                raise TypeError(f"output kind 'livekit' needs a LiveKitOutput, got {type(output).__name__}")
+            sink = LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk),
+                               SessionAudioHandler(session) if session is not None else None,
+                               max_duration_s=None if max_duration_s is None else max_duration_s + 5)
+            sink.start()  # RoomError: the session fails to start, with the reason
+            self.sink = sink
         else:
             self.sink = NullSink()
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
@@ -428,12 +513,17 @@ class RoomWorker:
                 f"room for session {self.session_id!r} got frames of {frames.session_id!r} chunk {frames.chunk} "
                 f"with audio of {inp.session_id!r} chunk {inp.chunk}; open the room for the session first"
             )
+        t0 = time.time_ns()
         now = self.clock()
         late, lateness = self.meter.on_chunk(now)
         self.sink.write(frames.frames, inp.pcm)
         digest = hashlib.blake2b(frames.frames.tobytes(), digest_size=8).hexdigest()
-        return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness,
-                           self.meter.delivered_fps, digest, now)
+        stages = frames.stages
+        if self.timed:
+            stages = (*stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
+        return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
+                           digest, now, stages, self.meter.queued_s(now),
+                           float(getattr(self.sink, "av_offset_s", 0.0)))
 
     def close(self) -> None:
         """Finish the output (the MP4 trailer). Idempotent."""

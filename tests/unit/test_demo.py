@@ -49,3 +49,15 @@ def test_demo_refuses_unreadable_audio_without_a_traceback(tmp_path: Path) -> No
 def test_demo_missing_image_path_is_a_clear_error(tmp_path: Path) -> None:
     res = demo("--image", str(tmp_path / "nope.png"), "--seconds", "1", "--out", str(tmp_path / "o.mp4"), cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "nope.png" in res.stderr
+
+
+def test_demo_runs_with_random_weights_on_request(tmp_path: Path) -> None:
+    out = tmp_path / "random.mp4"
+    res = demo("--seconds", "1", "--random-weights", "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert read_mp4(out)[0].shape == (24, 176, 272, 3)
+
+
+def test_demo_names_a_weights_directory_that_does_not_exist(tmp_path: Path) -> None:
+    res = demo("--weights", str(tmp_path / "nowhere"), "--seconds", "1", "--out", str(tmp_path / "o.mp4"), cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "nowhere" in res.stderr

@@ -1,0 +1,146 @@
+"""The scheduler's spans and metrics: admission (queue wait), slot builds, capacity gauges, ended sessions.
+
+- `scheduler.admission` opens when a request reaches the scheduler and ends when the session holds a
+  slot (decision warm or cold) or never will (rejected, expired, ended while queued, failed). It is a
+  child of the request's context; a request without one makes it the root of the session's trace,
+  and the session then carries the admission span's context instead.
+- `slot.build` roots a slot's own trace: a slot outlives sessions (warm pool) or is built before its
+  session can start, so it is not a child of any session. A slot built for one session (cold start)
+  links to that session's admission span, and every admission links to the build of the slot it got.
+- Gauges are computed under the scheduler's lock on every dispatch (`snapshot`) and swapped in at
+  once; the export thread only reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span
+
+from deployments.telemetry import names as N
+from deployments.telemetry.core import Telemetry, context_of, extract, fail, inject, links_to, span_context
+
+
+@dataclass
+class Admission:
+    """One request's admission span (None when tracing is off) and when it arrived."""
+
+    span: Span | None
+    arrived: float = field(default_factory=time.monotonic)
+    open: bool = True
+
+
+@dataclass
+class SlotTrace:
+    slot_id: str
+    span: Span | None
+    context: dict[str, str]  # W3C carrier of the slot's build span, for the slot's workers
+
+    @property
+    def otel_context(self) -> otel_context.Context:
+        return extract(self.context)
+
+
+class SchedulerTelemetry:
+    def __init__(self, tel: Telemetry) -> None:
+        self.tel = tel
+        self._m = {s.name: tel.instrument(s) for s in N.METRICS}
+
+    # ----------------------------------------------------------------------------- admission
+    def admission(self, session_id: str, preset: str, trace_context: Mapping[str, str],
+                  queue_len: int) -> tuple[Admission, dict[str, str]]:
+        """Open the request's admission; returns it and the trace context the session will carry."""
+        if not self.tel.traces:
+            return Admission(None), dict(trace_context)
+        parent = extract(trace_context)
+        span = self.tel.start_span(N.ADMISSION, parent, attributes={
+            N.SESSION_ID: session_id, N.PRESET: preset, N.ADMISSION_QUEUE_POSITION: queue_len})
+        carried = dict(trace_context) if span_context(parent) is not None else inject(context_of(span))
+        return Admission(span), carried
+
+    def queued(self, adm: Admission, position: int) -> None:
+        if adm.span is not None:
+            adm.span.add_event("queued", {N.ADMISSION_QUEUE_POSITION: position})
+
+    def decided(self, adm: Admission | None, decision: str, *, slot: SlotTrace | None = None,
+                warm: bool | None = None) -> None:
+        """The admission is over: `decision` is warm, cold, rejected, expired, ended or failed."""
+        if adm is None or not adm.open:
+            return
+        adm.open = False
+        wait = time.monotonic() - adm.arrived
+        if self.tel.metrics:
+            self._m[N.ADMISSION_WAIT.name].record(wait, {N.ADMISSION_DECISION: decision})
+        if adm.span is None:
+            return
+        adm.span.set_attribute(N.ADMISSION_DECISION, decision)
+        adm.span.set_attribute(N.ADMISSION_WAIT_S, round(wait, 4))
+        if warm is not None:
+            adm.span.set_attribute(N.WARM_START, warm)
+        if slot is not None and (sc := span_context(slot.otel_context)) is not None:
+            adm.span.add_link(sc, {N.SLOT_ID: slot.slot_id})
+        if decision in ("expired", "failed"):
+            fail(adm.span, decision)
+        adm.span.end()
+
+    # ----------------------------------------------------------------------------- slots
+    def slot_building(self, slot_id: str, built_for: Admission | None) -> SlotTrace:
+        if not self.tel.traces:
+            return SlotTrace(slot_id, None, {})
+        links = links_to(context_of(built_for.span)) if built_for is not None and built_for.span is not None else []
+        span = self.tel.start_span(N.SLOT_BUILD, None, links=links, attributes={
+            N.SLOT_ID: slot_id, N.SLOT_PURPOSE: "cold" if built_for is not None else "warm"})
+        return SlotTrace(slot_id, span, inject(context_of(span)))
+
+    def slot_built(self, trace: SlotTrace, *, node_id: str | None = None, device: str | None = None,
+                   error: str | None = None) -> None:
+        if trace.span is None or not trace.span.is_recording():
+            return
+        if node_id:
+            trace.span.set_attribute(N.NODE_ID, node_id)
+        if device:
+            trace.span.set_attribute(N.DEVICE, device)
+        if error is not None:
+            fail(trace.span, error)
+        trace.span.end()
+
+    def worker_stages(self, stages: Mapping[str, Mapping[str, float]]) -> None:
+        """Stage durations of a slot's workers ({"dit0": {"load_weights": s, ...}, "decoder": {...}})."""
+        if not self.tel.metrics:
+            return
+        hist = self._m[N.WORKER_STAGE_DURATION.name]
+        for worker, seconds in stages.items():
+            role = worker.rstrip("0123456789")
+            for stage, s in seconds.items():
+                hist.record(s, {N.WORKER_ROLE: role, N.STAGE: stage})
+
+    # ----------------------------------------------------------------------------- gauges and counts
+    def ended(self, status: str, reason: str) -> None:
+        if self.tel.metrics:
+            code = reason.split(":", 1)[0].strip()[:64] or "unknown"
+            self._m[N.SESSIONS_ENDED.name].record(1, {N.SESSION_STATUS: status, N.END_REASON: code})
+
+    def snapshot(self, *, statuses: Iterable[str], queue_len: int, bundles_free: int, bundles_used: int,
+                 slot_states: Iterable[str], leaked_pgs: int | None) -> None:
+        """Swap in the scheduler's gauges (call under its lock; cheap, and only when metrics are on)."""
+        m = self._m
+        by_status = Counter(statuses)
+        m[N.SESSIONS.name].set_all({((N.SESSION_STATUS, s),): float(n) for s, n in by_status.items()})
+        m[N.QUEUE_LENGTH.name].set_all({(): float(queue_len)})
+        m[N.BUNDLES_FREE.name].set_all({(): float(bundles_free)})
+        m[N.BUNDLES_USED.name].set_all({(): float(bundles_used)})
+        m[N.SLOTS.name].set_all({((N.SLOT_STATE, s),): float(n) for s, n in Counter(slot_states).items()})
+        if leaked_pgs is not None:
+            m[N.LEAKED_PGS.name].set_all({(): float(leaked_pgs)})
+
+
+def leaked_placement_groups(table: Mapping[str, Mapping[str, Any]], held: Iterable[str], prefix: str = "slot-") -> int:
+    """Slot placement groups (named `slot-...`) that Ray still has and the scheduler does not hold."""
+    mine = set(held)
+    return sum(1 for pg in table.values() if str(pg.get("name", "")).startswith(prefix)
+               and pg.get("state") not in ("REMOVED",) and pg.get("name") not in mine)
