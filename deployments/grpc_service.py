@@ -121,7 +121,6 @@ def server_span(method: str, carrier: dict[str, str]) -> Iterator[tuple[Any, dic
         span.end()
 
 
-
 def _refuse(context: RayServegRPCContext, err: ApiError) -> None:
     context.set_code(err.grpc_code)
     context.set_details(err.grpc_details(PROTO_FIELDS))
@@ -149,8 +148,8 @@ class CharactersGrpc:
         return self.keys.authenticate(header if isinstance(header, str) else None)
 
     async def CreateSession(self, request: pb.CreateSessionRequest, grpc_context: RayServegRPCContext) -> pb.Session:
-        trace = {k: v for k, v in grpc_context.invocation_metadata() if k in ("traceparent", "tracestate")}
-        with server_span("CreateSession", trace) as (span, carried):
+        caller = {k: v for k, v in grpc_context.invocation_metadata() if k in ("traceparent", "tracestate")}
+        with server_span("CreateSession", caller) as (span, carried):
             try:
                 key_id = self._key_id(grpc_context)
                 info = await self.frontend.create(session_options(request), request.image, key_id, carried)
