@@ -74,7 +74,8 @@ class CausalConv3d(nn.Conv3d):
         """The same convolution as a sum of per-tap 2-D convolutions over frames.
 
         On CPU, oneDNN's channels-last conv2d is an order of magnitude faster than conv3d at the small
-        widths of the `tiny` decoder; the result is the same up to float rounding.
+        widths of the `tiny` decoder; the result is the same up to float rounding. Inference only: with
+        autograd on (training), conv3d is used, whose backward is the fast one there.
         """
         x = x.contiguous(memory_format=_CL3D)  # (B, cin, T + kt - 1, h', w'), stored (B, T, h', w', cin)
         b, cin, tp, h, w = x.shape
