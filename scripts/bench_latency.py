@@ -46,6 +46,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from characters.audio import SAMPLE_AUDIO, chunk_sample_range, convert_pcm, load_audio, pcm16_to_float
 from characters.pacing import SegmentEvent, to_int16
 from deployments.livekit import LiveKitOutput, LiveKitServer, LiveKitSink, MediaFormat, install_server
+from deployments.session import AudioBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDEO_SHARE_S = 0.49  # DESIGN.md section 1: the video pipeline's share of a 2.13 s median turn
@@ -55,42 +56,22 @@ AVATAR, AGENT, ROOM = "character", "agent", "bench"
 
 
 class SessionQueue:
-    """The session's audio queue (as `deployments.session.AudioBuffer`): pushed from the room's thread,
-    taken by the chunk loop, exact sample counts per chunk, silence when dry."""
+    """The session's side of the room's agent-audio callbacks, over the session's own `AudioBuffer`."""
 
     def __init__(self) -> None:
-        self.parts: deque[np.ndarray] = deque()
-        self.lock = threading.Lock()
+        self.buffer = AudioBuffer(F, SR, FPS)
 
     def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> None:
-        pcm = convert_pcm(pcm16_to_float(pcm16), sample_rate, channels)
-        with self.lock:
-            self.parts.append(pcm)
+        self.buffer.push(convert_pcm(pcm16_to_float(pcm16), sample_rate, channels))
 
     def clear_audio(self) -> int:
-        with self.lock:
-            n = sum(p.size for p in self.parts)
-            self.parts.clear()
-        return n
+        return self.buffer.clear()
 
     def end_session(self, reason: str) -> None:
         pass
 
     def take(self, k: int) -> np.ndarray:
-        s0, s1 = chunk_sample_range(k, F)
-        out = np.zeros(s1 - s0, np.float32)
-        filled = 0
-        with self.lock:
-            while filled < out.size and self.parts:
-                part = self.parts[0]
-                n = min(part.size, out.size - filled)
-                out[filled:filled + n] = part[:n]
-                filled += n
-                if n == part.size:
-                    self.parts.popleft()
-                else:
-                    self.parts[0] = part[n:]
-        return out
+        return self.buffer.take(k)
 
 
 def synthetic_frames(k: int, pcm: np.ndarray, h: int, w: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from livekit.rtc._proto import video_frame_pb2 as proto_video_frame
 
 from characters.audio import chunk_sample_range, convert_pcm, pcm16_to_float
 from deployments.livekit import LiveKitRoom, LiveKitServer
+from deployments.session import AudioBuffer
 
 W, H, FPS, F, SR = 272, 176, 24, 4, 16000
 CHUNK_S = F / FPS
@@ -33,27 +34,25 @@ def token(server: LiveKitServer, room: str, identity: str, *, kind: Any = None,
 
 
 class FakeSession:
-    """The session's side of the agent audio path, as `SessionActor`/`AudioBuffer` do it: PCM converted to
-    float32 16 kHz and queued; chunk k takes exactly `chunk_sample_range(k)` samples, then silence;
-    `clear_audio` drops the queue and returns the samples dropped."""
+    """The session's side of the agent audio path, on the session's own `AudioBuffer` (exact samples per
+    chunk, silence when dry, clear returns the samples dropped), recording what arrived."""
 
     def __init__(self) -> None:
-        self.parts: deque[np.ndarray] = deque()
+        self.buffer = AudioBuffer(F, SR, FPS)
         self.received: list[bytes] = []
         self.ended: list[str] = []
         self.clears: list[tuple[float, int]] = []
 
     @property
     def queued(self) -> int:
-        return sum(p.size for p in self.parts)
+        return round(self.buffer.queued_s * SR)
 
     def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> None:
         self.received.append(pcm16)
-        self.parts.append(convert_pcm(pcm16_to_float(pcm16), sample_rate, channels))
+        self.buffer.push(convert_pcm(pcm16_to_float(pcm16), sample_rate, channels))
 
     def clear_audio(self) -> int:
-        dropped = self.queued
-        self.parts.clear()
+        dropped = self.buffer.clear()
         self.clears.append((time.monotonic(), dropped))
         return dropped
 
@@ -61,19 +60,7 @@ class FakeSession:
         self.ended.append(reason)
 
     def take(self, k: int) -> np.ndarray:
-        s0, s1 = chunk_sample_range(k, F)
-        out = np.zeros(s1 - s0, np.float32)
-        filled = 0
-        while filled < out.size and self.parts:
-            part = self.parts[0]
-            n = min(part.size, out.size - filled)
-            out[filled:filled + n] = part[:n]
-            filled += n
-            if n == part.size:
-                self.parts.popleft()
-            else:
-                self.parts[0] = part[n:]
-        return out
+        return self.buffer.take(k)
 
 
 def frames_for(k: int, pcm: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from characters.config import SessionConfig, session_config
-from characters.dit import CausalDiT
+from characters.dit import CausalDiT, block_causal_mask
 from characters.engine import DiTRunner, ForwardRecord
 from characters.weights import init_weights, load_weights, save_dit_shards, save_weights, shard_path
 
@@ -35,14 +35,6 @@ def run_chunks(
     runner.start(ref)
     outs = [runner.step(pcm_for(runner, k), record).clone() for k in range(n)]
     return runner, ref, outs
-
-
-def block_causal_mask(n_sink: int, chunk: int, chunks: int, ring: int) -> torch.Tensor:
-    """Which keys each query sees in full recomputation: the sink, plus the last `ring` chunks."""
-    group = torch.cat([torch.full((n_sink,), -1), torch.arange(chunks).repeat_interleave(chunk)])  # (T,)
-    q, k = group[:, None], group[None, :]
-    in_window = (k >= 0) & (k <= q) & (k > q - ring)
-    return (k == -1) | in_window & (q >= 0) | (q == -1) & (k == -1)
 
 
 @pytest.mark.parametrize("cache_update", ["last_step", "extra_pass"])
