@@ -254,27 +254,37 @@ class ReferenceEncoder:
 class DecoderRunner:
     """The causal streaming VAE decoder with its per-session temporal state.
 
-    On CUDA it runs channels-last (3-D) and, after `capture_graph`, as one graph replay per chunk
-    with its temporal state preallocated; `decode` then only copies the latents in."""
+    It runs channels-last (3-D) with each causal conv's window preallocated and written in place
+    (`windows`; the older concatenating path, compiled by Inductor on CUDA, stays for comparison).
+    On CUDA, after `capture_graph`, a chunk is one graph replay; `decode` then only copies the
+    latents in."""
 
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
-                 channels_last: bool | None = None, compile: bool | None = None) -> None:
+                 channels_last: bool | None = None, compile: bool | None = None, windows: bool = True,
+                 cudnn_benchmark: bool = True) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         m = cfg.model
+        cuda = self.device.type == "cuda"
         self.dtype = torch_dtype(cfg.dtype)
         self.decoder = seeded_build(lambda: CausalDecoder(m.vae), cfg.seed + 3, self.device)
         self.weights = resolve_weights(cfg)
         if self.weights is not None:
             load_weights(self.decoder, self.weights / "vae_decoder.safetensors")
         self.decoder = self.decoder.to(self.dtype).eval()
-        fmt = torch.channels_last_3d if (self.device.type == "cuda" if channels_last is None else channels_last) \
-            else torch.contiguous_format
+        # channels-last on every device: cuDNN's and oneDNN's fast convolutions both want it
+        fmt = torch.contiguous_format if channels_last is False else torch.channels_last_3d
         self.decoder = self.decoder.to(memory_format=fmt)  # type: ignore[call-overload]  # (stubs lack it)
         h, w = m.latent_hw
-        self.state = self.decoder.init_state(1, h, w, self.device, self.dtype)
-        for i, cache in enumerate(self.state.caches):
-            self.state.caches[i] = cache.contiguous(memory_format=fmt)
-        if compile if compile is not None else self.device.type == "cuda":  # Inductor fuses norms/acts/layouts
+        # windows: each causal conv's input written in place by the fused norm + SiLU (see characters.vae)
+        self.state = self.decoder.init_state(1, h, w, self.device, self.dtype, memory_format=fmt,
+                                             chunk_frames=m.generation.latent_frames_per_chunk if windows else None)
+        if cuda:
+            self.decoder.pad_output(8)
+            # static shapes: let cuDNN time its conv algorithms once (at warm-up, before any capture)
+            torch.backends.cudnn.benchmark = cudnn_benchmark
+            torch.backends.cudnn.benchmark_limit = 0  # try every algorithm, not cuDNN's first 10
+        # The window path calls its own Triton kernel; Inductor would only split the graph around it.
+        if compile if compile is not None else (cuda and not windows):  # Inductor fuses norms/acts/layouts
             self._forward = torch.compile(self.decoder.decode_chunk, dynamic=False)
         else:
             self._forward = self.decoder.decode_chunk

@@ -13,6 +13,11 @@ Every latent frame decodes to exactly 4 video frames; there is no special first 
 Streaming: every causal convolution keeps the last `kt - 1` frames of its input in a preallocated
 `DecoderState`. `decode_chunk` reads and overwrites them in place, so a stream decoded chunk by chunk
 equals the whole sequence decoded at once from a zero state (a zero cache is zero causal padding).
+
+Serving (`init_state(..., chunk_frames=Tc)`): each causal conv then owns a window of `kt - 1 + T` frames,
+its cache being the window's first `kt - 1`. The step before the conv writes this chunk's input straight
+into the window's tail (`kernels.norm_silu` fuses norm, SiLU and that write), the conv reads the window as
+is, and only the last `kt - 1` frames move to the front afterwards: no concatenation, no cache copy-out.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from characters.config import VAEConfig
+from kernels.norm_silu import bias_add, norm_silu
 
 _CL3D = torch.channels_last_3d
 
@@ -66,15 +72,45 @@ class CausalConv3d(nn.Conv3d):
             cache = caches[self.slot]  # (B, cin, kt - 1, h', w')
             x = torch.cat([cache, x], dim=2)  # (B, cin, kt - 1 + T, h', w')
             cache.copy_(x[:, :, -self.past :].detach())  # state carries values, never gradients
-        if x.device.type != "cpu" or torch.is_grad_enabled():  # training: conv3d's backward is the fast one
-            return F.conv3d(x, self.weight, self.bias, padding=self.padding)
-        return self._conv_cpu(x)
+        return self._conv(x, self.weight, self.bias)
 
-    def _conv_cpu(self, x: torch.Tensor) -> torch.Tensor:
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.device.type != "cpu" or torch.is_grad_enabled():  # training: conv3d's backward is the fast one
+            return F.conv3d(x, weight, bias, padding=self.padding)
+        return self._conv_per_tap(x, weight, bias)
+
+    def run_window(self, window: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                   *, with_bias: bool = True) -> torch.Tensor:
+        """Convolve a window whose tail already holds this chunk's input, then keep its last `kt - 1`
+        frames as the next chunk's cache. window (B, cin, kt - 1 + T, h', w') -> (B, cout, T, h', w').
+        The conv runs without its bias, added after in one fused pass, or (`with_bias=False`) left to
+        the caller to fold into the next step (the next `norm_silu`, a residual add)."""
+        y = self._conv(window, self.weight if weight is None else weight, None)
+        t = window.shape[2] - self.past
+        frames = window.permute(0, 2, 3, 4, 1)  # (B, kt - 1 + T, h', w', cin): dense blocks when channels-last
+        tail = frames[:, t:]
+        frames[:, : self.past].copy_(tail if t >= self.past else tail.clone())  # overlapping when T < kt - 1
+        if with_bias:
+            bias = self.bias if bias is None else bias
+            assert bias is not None  # every decoder conv has one
+            y = bias_add(y, bias, out=y)
+        return y
+
+    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        """The serving form of `forward`: x copied into this conv's window (no concatenation)."""
+        if not self.past:
+            assert self.bias is not None  # every decoder conv has one
+            return bias_add(y := self._conv(x, self.weight, None), self.bias, out=y)
+        window = windows[self.slot]
+        window.permute(0, 2, 3, 4, 1)[:, self.past :].copy_(x.permute(0, 2, 3, 4, 1))  # (B, T, h', w', cin)
+        return self.run_window(window)
+
+    def _conv_per_tap(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The same convolution as a sum of per-tap 2-D convolutions over frames.
 
         On CPU, oneDNN's channels-last conv2d is an order of magnitude faster than conv3d at the small
-        widths of the `tiny` decoder; the result is the same up to float rounding. Inference only: with
+        widths of the `tiny` decoder (on an H200, cuDNN's conv3d beats it: scripts/probe_conv_forms.py);
+        the result is the same up to float rounding. Inference only: with
         autograd on (training), conv3d is used, whose backward is the fast one there.
         """
         x = x.contiguous(memory_format=_CL3D)  # (B, cin, T + kt - 1, h', w'), stored (B, T, h', w', cin)
@@ -82,10 +118,10 @@ class CausalConv3d(nn.Conv3d):
         t, pad = tp - self.past, self.padding[1:]
         frames = x.transpose(1, 2)  # (B, T + kt - 1, cin, h', w')
         # Tap k sees frames k .. k + T - 1; each is (B*T, cin, h', w'), a view when B == 1.
-        out = F.conv2d(frames[:, :t].reshape(b * t, cin, h, w), self.weight[:, :, 0], self.bias, padding=pad)
+        out = F.conv2d(frames[:, :t].reshape(b * t, cin, h, w), weight[:, :, 0], bias, padding=pad)
         for k in range(1, self.past + 1):
-            out.add_(F.conv2d(frames[:, k : k + t].reshape(b * t, cin, h, w), self.weight[:, :, k], padding=pad))
-        return out.view(b, t, self.out_channels, h, w).transpose(1, 2)  # (B, cout, T, h', w')
+            out.add_(F.conv2d(frames[:, k : k + t].reshape(b * t, cin, h, w), weight[:, :, k], padding=pad))
+        return out.view(b, t, weight.shape[0], h, w).transpose(1, 2)  # (B, cout, T, h', w')
 
 
 class ResBlock(nn.Module):
@@ -103,6 +139,17 @@ class ResBlock(nn.Module):
         y = self.conv2(F.silu(self.norm2(y)), caches)
         return x + y
 
+    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        """The serving form: each norm + SiLU (with the previous conv's bias) writes straight into its
+        conv's window; the last bias and the residual are added in one pass."""
+        y, bias = x, None
+        for norm, conv in ((self.norm1, self.conv1), (self.norm2, self.conv2)):
+            window = windows[conv.slot]
+            norm_silu(y, norm.weight, norm.eps, out=window[:, :, conv.past :], bias=bias)
+            y, bias = conv.run_window(window, with_bias=False), conv.bias
+        assert bias is not None
+        return bias_add(y, bias, residual=x, out=y)
+
 
 class FrameAttention(nn.Module):
     """Single-head self-attention over the pixels of each frame on its own (no mixing across time)."""
@@ -119,8 +166,22 @@ class FrameAttention(nn.Module):
         b, c, t, h, w = x.shape
         tokens = self.norm(x).permute(0, 2, 3, 4, 1).reshape(b * t, h * w, c)  # (B*T, h'w', c)
         q, k, v = self.qkv(tokens).chunk(3, dim=-1)  # 3 x (B*T, h'w', c)
-        y = self.proj(F.scaled_dot_product_attention(q, k, v))  # (B*T, h'w', c)
+        y = self.proj(self._attend(q, k, v))  # (B*T, h'w', c)
         return x + y.view(b, t, h, w, c).permute(0, 4, 1, 2, 3)
+
+    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        return self(x, windows)  # per frame: no temporal state
+
+    @staticmethod
+    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(c)) v. One head as wide as the channels (384 in Wan's decoder) is past
+        every fused kernel's head-size limit (256), where SDPA falls back to its float32 math path; on
+        CUDA two half-precision GEMMs around a float32 softmax do the same work at tensor-core speed."""
+        c = q.shape[-1]
+        if not q.is_cuda or c <= 256 or q.dtype == torch.float32:
+            return F.scaled_dot_product_attention(q, k, v)
+        scores = torch.baddbmm(q.new_empty(()), q, k.transpose(1, 2), beta=0.0, alpha=c**-0.5)  # (N', n, n)
+        return torch.bmm(scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype), v)  # (N', n, c)
 
 
 class Upsample(nn.Module):
@@ -141,17 +202,37 @@ class Upsample(nn.Module):
         x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")  # (B, cin, T, 2h', 2w')
         return self.conv(x, caches)  # (B, cout, T, 2h', 2w')
 
+    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        if self.time_conv is not None:
+            b, c, t, h, w = x.shape
+            y = self.time_conv.forward_window(x, windows).view(b, 2, c, t, h, w)  # (B, 2, cin, T, h', w')
+            x = y.permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)  # frame 2t + i from half i
+        return self.conv.forward_window(upsample_nearest_cl(x), windows)  # (B, cout, T, 2h', 2w')
+
+
+def upsample_nearest_cl(x: torch.Tensor) -> torch.Tensor:
+    """2x nearest spatial up-sampling that stays channels-last: (B, c, T, h, w) -> (B, c, T, 2h, 2w), as
+    2-D frames through the NHWC kernel (F.interpolate's 3-D kernel works in NCDHW and would transpose twice)."""
+    b, c, t, h, w = x.shape
+    frames = x.transpose(1, 2).reshape(b * t, c, h, w)  # (B*T, c, h, w): channels-last 2-D, a view
+    up = F.interpolate(frames, scale_factor=2.0, mode="nearest")  # NHWC kernel, channels-last out
+    return up.view(b, t, c, 2 * h, 2 * w).transpose(1, 2)  # (B, c, T, 2h, 2w), channels-last-3d strides
+
 
 @dataclass
 class DecoderState:
     """One stream's temporal caches: the last input frames of every causal conv, in `slot` order.
 
-    The tensors are allocated once by `CausalDecoder.init_state` and only ever written in place.
+    The tensors are allocated once by `CausalDecoder.init_state` and only ever written in place. With
+    `chunk_frames` set, `windows[i]` is conv i's (B, cin, kt - 1 + T, h', w') window for chunks of that
+    many latent frames and `caches[i]` its first `kt - 1` frames (a view).
     """
 
     caches: list[torch.Tensor]
     batch: int
     latent_hw: tuple[int, int]
+    chunk_frames: int | None = None
+    windows: list[torch.Tensor] | None = None
 
 
 class CausalDecoder(nn.Module):
@@ -182,6 +263,32 @@ class CausalDecoder(nn.Module):
         self.cached_convs = [m for m in self.modules() if isinstance(m, CausalConv3d) and m.past > 0]
         for slot, conv in enumerate(self.cached_convs):
             conv.slot = slot
+        self._out_weight: tuple[torch.Tensor, torch.Tensor] | None = None  # conv_out padded, see pad_output
+
+    def pad_output(self, multiple: int = 8) -> None:
+        """Serve `conv_out` with its 3 output channels zero-padded to `multiple` (cuDNN's channels-last
+        kernels want output channels in multiples of 8), the extra channels dropped after. Call after
+        the weights are final (loaded, cast, laid out)."""
+        w, b = self.conv_out.weight.detach(), self.conv_out.bias
+        assert b is not None  # conv_out is built with a bias
+        b = b.detach()
+        pad = -w.shape[0] % multiple
+        wp = torch.cat([w, w.new_zeros(pad, *w.shape[1:])]).contiguous(memory_format=_CL3D)
+        self._out_weight = (wp, torch.cat([b, b.new_zeros(pad)]))
+
+    def forward_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        """`forward` for a serving state (`init_state(..., chunk_frames)`), same result: every
+        norm + SiLU before a causal conv writes into that conv's window, nothing is concatenated."""
+        x = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
+        for block in self.blocks:
+            x = block.forward_window(x, windows)  # type: ignore[operator]  # ends at (B, c3, 4*Tc, 8h, 8w)
+        conv, window = self.conv_out, windows[self.conv_out.slot]
+        norm_silu(x, self.norm_out.weight, self.norm_out.eps, out=window[:, :, conv.past :])
+        if self._out_weight is None:
+            x = conv.run_window(window)
+        else:
+            x = conv.run_window(window, *self._out_weight)[:, : conv.out_channels]
+        return x.clamp(-1.0, 1.0)  # (B, 3, 4*Tc, 8h, 8w)
 
     def forward(self, z: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:
         x = self.conv_in(z, caches)  # (B, c0, Tc, h, w)
@@ -191,15 +298,20 @@ class CausalDecoder(nn.Module):
         return x.clamp(-1.0, 1.0)
 
     def init_state(
-        self, batch: int, latent_h: int, latent_w: int, device: torch.device | str, dtype: torch.dtype
+        self, batch: int, latent_h: int, latent_w: int, device: torch.device | str, dtype: torch.dtype,
+        chunk_frames: int | None = None, memory_format: torch.memory_format = _CL3D,
     ) -> DecoderState:
-        """Zeroed caches for one stream at latent size (latent_h, latent_w); allocate once per session."""
-        caches = []
+        """Zeroed caches for one stream at latent size (latent_h, latent_w); allocate once per session.
+        `chunk_frames`: allocate the serving windows for chunks of that many latent frames."""
+        caches, windows = [], []
         for conv in self.cached_convs:
-            shape = (batch, conv.in_channels, conv.past, latent_h * conv.scale, latent_w * conv.scale)
-            caches.append(torch.zeros(shape, device=device, dtype=dtype).contiguous(memory_format=_CL3D))
-
-        return DecoderState(caches=caches, batch=batch, latent_hw=(latent_h, latent_w))
+            frames = conv.past + (conv.frames * chunk_frames if chunk_frames else 0)
+            shape = (batch, conv.in_channels, frames, latent_h * conv.scale, latent_w * conv.scale)
+            buf = torch.zeros(shape, device=device, dtype=dtype).contiguous(memory_format=memory_format)
+            windows.append(buf)
+            caches.append(buf[:, :, : conv.past])
+        return DecoderState(caches=caches, batch=batch, latent_hw=(latent_h, latent_w), chunk_frames=chunk_frames,
+                            windows=windows if chunk_frames else None)
 
     @staticmethod
     def reset_state(state: DecoderState) -> None:
@@ -216,6 +328,8 @@ class CausalDecoder(nn.Module):
                 f"(batch {state.batch}, {self.cfg.latent_channels} channels, latent {state.latent_hw}); "
                 "call init_state with this chunk's batch and latent size"
             )
+        if state.windows is not None and z.shape[2] == state.chunk_frames:
+            return self.forward_window(z, state.windows)
         return self(z, state.caches)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:

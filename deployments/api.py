@@ -46,6 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from characters.config import MODEL_PRESETS
 from characters.media import MediaError, load_image
+from deployments import settings
 from deployments.auth import ApiKeys, BearerAuthMiddleware
 from deployments.errors import ApiError, ErrorCode, error_responses, install_error_handlers
 from deployments.livekit.config import LiveKitConfigError, LiveKitOutput
@@ -70,15 +71,22 @@ class ApiConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # The limits' defaults come from CHARACTERS_* variables (deployments.settings), validated like given values.
     presets: tuple[str, ...] = Field(default=("tiny",), description="Presets served; the first is the default.")
-    max_duration_s: float = Field(default=3600.0, gt=0, description="Largest maxDuration a request may ask for.")
-    max_body_bytes: int = Field(default=16 * MiB, ge=1024, description="Largest HTTP request body (413 above).")
-    max_image_bytes: int = Field(default=10 * MiB, ge=1, description="Largest decoded reference image file.")
-    max_image_pixels: int = Field(default=4096 * 4096, ge=256, description="Largest reference image width x height.")
+    max_duration_s: float = Field(default_factory=settings.MAX_DURATION_S.get, gt=0, validate_default=True,
+                                  description="Largest maxDuration a request may ask for.")
+    max_body_bytes: int = Field(default_factory=settings.MAX_BODY_BYTES.get, ge=1024, validate_default=True,
+                                description="Largest HTTP request body (413 above).")
+    max_image_bytes: int = Field(default_factory=settings.MAX_IMAGE_BYTES.get, ge=1, validate_default=True,
+                                 description="Largest decoded reference image file.")
+    max_image_pixels: int = Field(default_factory=settings.MAX_IMAGE_PIXELS.get, ge=256, validate_default=True,
+                                  description="Largest reference image width x height.")
     file_output: bool = Field(default=True, description="Accept output.kind=file (an MP4 under the service's "
                                                         "output directory); False: refuse it.")
-    cors_origins: tuple[str, ...] = Field(default=(), description="Origins allowed by CORS; empty: CORS off.")
-    max_audio_chunk_bytes: int = Field(default=1 * MiB, ge=2, description="Largest PCM payload of one AudioChunk.")
+    cors_origins: tuple[str, ...] = Field(default_factory=settings.CORS_ORIGINS.get,
+                                          description="Origins allowed by CORS; empty: CORS off.")
+    max_audio_chunk_bytes: int = Field(default_factory=settings.MAX_AUDIO_CHUNK_BYTES.get, ge=2, validate_default=True,
+                                       description="Largest PCM payload of one AudioChunk.")
     events_wait_s: float = Field(default=10.0, gt=0, description="Long-poll wait of one scheduler events() call.")
 
     @field_validator("presets")
@@ -105,9 +113,16 @@ class _Out(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
 
 
+#: A 16x16 PNG: the schema's example of `avatar.image` (the smallest size accepted).
+EXAMPLE_IMAGE = ("iVBORw0KGgoAAAANSUhEUgAAABAAAAAQCAIAAACQkWg2AAAAGklEQVR42mM8saCCgRTAxEAiGNUwqmHoaAAA7usCAAX5"
+                 "Xl4AAAAASUVORK5CYII=")
+IMAGE_SCHEMA: dict[str, Any] = {"format": "byte", "examples": [EXAMPLE_IMAGE]}  # format byte: base64 (OpenAPI)
+
+
 class AvatarIn(_In):
     image: str = Field(description="The reference image (PNG, JPEG or WebP file) in standard base64; a "
-                                   "`data:image/...;base64,` prefix and whitespace are accepted.")
+                                   "`data:image/...;base64,` prefix and whitespace are accepted.",
+                       json_schema_extra=IMAGE_SCHEMA)
 
 
 class OutputIn(_In):
@@ -151,6 +166,8 @@ class SessionOptions(_In):
     max_duration: float = Field(default=300.0, gt=0, description="Seconds after which the session ends by itself.")
     output: OutputIn = Field(default_factory=OutputIn)
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the session's noise.")
+    recover: bool = Field(default=False, description="Resume on a fresh GPU bundle, in the same room, when this "
+                          "one is lost (a worker dies); the viewer sees a pause, not an end. Not with a file output.")
 
     @field_validator("preset")
     @classmethod
@@ -172,6 +189,11 @@ class StatsOut(_Out):
     step_ms_p50: float
     step_ms_p95: float
     audio_queued_s: float
+    buffer_ms: float = Field(default=0.0, description="Media queued ahead of playout (the jitter buffer's depth).")
+    av_offset_ms: float = Field(default=0.0, description="Video minus audio play time at the output (positive: "
+                                "video behind).")
+    stage_ms: dict[str, float] = Field(default_factory=dict, description="Median ms per chunk stage over the last "
+                                       "~20 s: dit, cache_write, handoff, decode, publish.")
 
 
 class SessionOut(_Out):
@@ -335,7 +357,7 @@ class SessionFrontend:
         pixels = await asyncio.to_thread(load_avatar, image, preset, self.config)
         spec = SessionSpec(session_id=uuid.uuid4().hex, image=pixels, preset=preset,
                            max_duration_s=float(options.max_duration), output=output, seed=options.seed,
-                           api_key_id=api_key_id, trace_context=dict(trace_context or {}))
+                           recover=options.recover, api_key_id=api_key_id, trace_context=dict(trace_context or {}))
         return await self._call(self.scheduler.create_session(spec))
 
     async def submit(self, spec: SessionSpec) -> SessionInfo:
@@ -380,8 +402,9 @@ class SessionFrontend:
     async def _call(call: Any) -> Any:
         try:
             return await call
-        except NoCapacity as e:
-            raise ApiError(503, e.code or ErrorCode.NO_CAPACITY, f"{e.args[0] if e.args else e}; retry after "
+        except NoCapacity as e:  # the caller's own quota: 429; the service's capacity: 503
+            status = 429 if e.code == ErrorCode.QUOTA_EXCEEDED else 503
+            raise ApiError(status, e.code or ErrorCode.NO_CAPACITY, f"{e.args[0] if e.args else e}; retry after "
                            f"{e.retry_after_s:g} s", retry_after_s=e.retry_after_s) from e
         except UnknownSession as e:
             raise ApiError(404, ErrorCode.SESSION_NOT_FOUND, f"no session with id {e.session_id!r}", "id") from e
@@ -452,7 +475,7 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None) -> Fa
     bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured"))]
 
     @app.post("/v1/sessions", status_code=201, response_model=SessionOut, dependencies=bearer,
-              responses=error_responses(400, 401, 413, 422, 503), summary="Start a character")
+              responses=error_responses(400, 401, 413, 422, 429, 503), summary="Start a character")
     async def create_session(body: CreateSessionRequest, request: Request, response: Response) -> SessionOut:
         raw = await asyncio.to_thread(decode_base64_image, body.avatar.image, config)
         trace = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}

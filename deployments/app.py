@@ -53,6 +53,7 @@ from deployments.types import (
     SessionSpec,
     UnknownSession,
 )
+from deployments.watch import add_watch_routes
 
 __all__ = ["APP_NAME", "GRPC_SERVICER_FUNCTIONS", "ActorScheduler", "CharactersIngress", "build_app", "parse_args"]
 
@@ -139,7 +140,8 @@ class _Ingress(CharactersGrpc):
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return telemetry_http.install(build_http_app(self.frontend, self.keys))  # request spans, outermost
+        app = add_watch_routes(build_http_app(self.frontend, self.keys), self.frontend)  # + the watch page
+        return telemetry_http.install(app)  # request spans, outermost
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve `user_config`: `{draining: bool}`. Draining (an upgrade to a new cluster) makes the

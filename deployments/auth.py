@@ -6,8 +6,10 @@ Keys live in memory only as SHA-256 digests; a presented key is hashed and compa
 digest by `hmac.compare_digest`. Only the key *id* ever leaves this module (into `SessionSpec.api_key_id`
 and logs), never a key or a digest.
 
-When keys are configured every route except `/healthz` needs `Authorization: Bearer <key>` (HTTP) or
-`authorization: Bearer <key>` metadata (gRPC).
+When keys are configured every route except `/healthz` and the watch page's files (`/`, `/watch/...`)
+needs `Authorization: Bearer <key>` (HTTP and WebSocket handshakes) or `authorization: Bearer <key>` metadata
+(gRPC). The quota of live sessions per key (`CHARACTERS_MAX_SESSIONS_PER_KEY`) is kept by the scheduler, by
+key id (HTTP 429 `quota_exceeded`); docs/security.md has the threat model and every limit.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from deployments.settings import EnvVar
 
 API_KEYS = EnvVar("CHARACTERS_API_KEYS", str, "", "comma-separated key_id:key pairs (or bare keys); empty: no auth")
 API_KEYS_ENV = API_KEYS.name
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/", "/watch"})
+OPEN_PREFIXES = ("/watch/",)  # the watch page's static files: no data (its API calls carry the key)
 MIN_KEY_LENGTH = 16
 _KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -106,26 +109,32 @@ class ApiKeys:
         return key_id
 
 
-class BearerAuthMiddleware:
-    """ASGI middleware: enforce `ApiKeys` on every HTTP route but `OPEN_PATHS`; put the key id in the scope.
+WS_POLICY_VIOLATION = 1008  # WebSocket close code for a refused key (the server answers the handshake 403)
 
-    The route reads it as `request.state.api_key_id` (None when keys are off).
+
+class BearerAuthMiddleware:
+    """ASGI middleware: enforce `ApiKeys` on every HTTP and WebSocket route but the open paths; put the key id
+    in the scope. The route reads it as `request.state.api_key_id` (None when keys are off). A refused
+    WebSocket handshake is closed with 1008 before it is accepted.
     """
 
     def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
         self.app, self.keys = app, keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):  # lifespan
             await self.app(scope, receive, send)
             return
         key_id: str | None = None
-        if scope["path"] not in OPEN_PATHS:
+        if scope["path"] not in OPEN_PATHS and not scope["path"].startswith(OPEN_PREFIXES):
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
             try:
                 key_id = self.keys.authenticate(header)
             except ApiError as err:
-                await err.response()(scope, receive, send)
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": WS_POLICY_VIOLATION, "reason": err.code})
+                else:
+                    await err.response()(scope, receive, send)
                 return
         scope.setdefault("state", {})["api_key_id"] = key_id
         await self.app(scope, receive, send)

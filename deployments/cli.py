@@ -16,7 +16,7 @@ from characters.cli import build_parser
 def _serve(args: argparse.Namespace) -> int:
     from deployments.serve_cli import run_serve
 
-    return run_serve(args.config, args.host, args.port, args.grpc_port)
+    return run_serve(args.config, args.host, args.port, args.grpc_port, args.livekit_dev)
 
 
 def _add_serve(sub: Any) -> None:
@@ -25,6 +25,8 @@ def _add_serve(sub: Any) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     s.add_argument("--grpc-port", type=int, default=9000, help="gRPC port (default 9000; 0 turns gRPC off)")
+    s.add_argument("--livekit-dev", action="store_true",
+                   help="also start a development LiveKit server on loopback for the watch page (/watch/)")
     s.set_defaults(func=_serve)
 
 

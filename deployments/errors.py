@@ -6,7 +6,7 @@ machine-readable (the table below); `message` says what was wrong, the value or 
 
 | code                    | HTTP | gRPC               | when                                                    |
 |-------------------------|------|--------------------|---------------------------------------------------------|
-| invalid_json            | 400  | -                  | the body is not JSON                                    |
+| invalid_json            | 400  | -                  | the body is not JSON (or nested too deeply to parse)    |
 | invalid_field           | 422  | INVALID_ARGUMENT   | a field is missing, unknown, of the wrong type or range |
 | invalid_image           | 422  | INVALID_ARGUMENT   | avatar.image is not base64 or not a decodable image     |
 | image_too_large         | 413  | INVALID_ARGUMENT   | avatar.image over the base64/bytes/pixel limits         |
@@ -17,6 +17,8 @@ machine-readable (the table below); `message` says what was wrong, the value or 
 | not_found               | 404  | -                  | no such route                                           |
 | session_not_found       | 404  | NOT_FOUND          | no session with that id                                 |
 | method_not_allowed      | 405  | -                  | the route exists but not with this method               |
+| quota_exceeded          | 429  | RESOURCE_EXHAUSTED | the API key has CHARACTERS_MAX_SESSIONS_PER_KEY live    |
+|                         |      |                    | sessions; carries Retry-After                           |
 | no_capacity (or the     | 503  | RESOURCE_EXHAUSTED | no whole GPU bundle free and the queue is full; carries |
 |  scheduler's own code)  |      |                    | Retry-After (HTTP header / gRPC trailing metadata)      |
 | scheduler_unavailable   | 503  | UNAVAILABLE        | the scheduler actor cannot be reached                   |
@@ -54,6 +56,7 @@ class ErrorCode(enum.StrEnum):
     SESSION_NOT_FOUND = "session_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NO_CAPACITY = "no_capacity"
+    QUOTA_EXCEEDED = "quota_exceeded"
     SCHEDULER_UNAVAILABLE = "scheduler_unavailable"
     INTERNAL = "internal"
 
@@ -103,6 +106,8 @@ class ApiError(Exception):
             return grpc.StatusCode.UNAUTHENTICATED
         if self.status == 404:
             return grpc.StatusCode.NOT_FOUND
+        if self.status == 429:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED
         if self.status == 503:
             return (grpc.StatusCode.UNAVAILABLE if self.code == ErrorCode.SCHEDULER_UNAVAILABLE
                     else grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -124,11 +129,21 @@ def retry_after_header(seconds: float) -> int:
 # ------------------------------------------------------------------------------------ request validation
 
 
+MAX_FIELD_NAME_CHARS = 64  # a field name echoed in an error is cut here (names are client input)
+
+
+def _part(part: Any) -> str:
+    text = str(part)
+    if not text:
+        return "''"
+    return text if len(text) <= MAX_FIELD_NAME_CHARS else text[:MAX_FIELD_NAME_CHARS] + "..."
+
+
 def _field_path(loc: tuple[Any, ...] | list[Any]) -> str | None:
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
         parts = parts[1:]
-    return ".".join(str(p) for p in parts) or None
+    return ".".join(_part(p) for p in parts) or None
 
 
 def _describe(err: Mapping[str, Any]) -> str:
@@ -203,6 +218,10 @@ def install_error_handlers(app: FastAPI) -> None:
             err = ApiError(405, ErrorCode.METHOD_NOT_ALLOWED,
                            f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}")
             exc.headers = {**(exc.headers or {}), "Allow": allowed}
+        elif exc.status_code == 400:  # FastAPI could not parse the body: nested too deeply, a number too long
+            err = ApiError(400, ErrorCode.INVALID_JSON,
+                           "the request body could not be parsed as JSON (nested too deeply, or a number with too "
+                           "many digits); send a JSON object as in /openapi.json with Content-Type: application/json")
         else:
             err = ApiError(exc.status_code, "http_error" if exc.status_code < 500 else ErrorCode.INTERNAL,
                            str(exc.detail))
@@ -228,11 +247,12 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries documenting the error body (and Retry-After) for these statuses."""
     text = {400: "Malformed JSON", 401: "Missing or wrong API key", 404: "Unknown session",
             413: "Body or image over the size limits", 422: "Invalid field",
+            429: "The API key's live-session quota is used up (with Retry-After)",
             503: "No capacity (with Retry-After) or scheduler unavailable", 500: "Internal error"}
     out: dict[int | str, dict[str, Any]] = {}
     for s in statuses:
         out[s] = {"model": ErrorBody, "description": text.get(s, "Error")}
-        if s == 503:
+        if s in (429, 503):
             out[s]["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
                                                  "schema": {"type": "integer"}}}
     return out

@@ -208,12 +208,14 @@ def run_chunk_loop(
     wait: Callable[[float], object],
     stop_reason: Callable[[], str | None],
     on_report: Callable[[ChunkReport, float], None],
+    first_chunk: int = 0,
 ) -> LoopResult:
-    """Submit chunk k at t0 + k * chunk_s (against `clock`), keep `depth` chunks in flight, hand each
-    report and its submit time to `on_report`. Stops on `stop_reason()`, at `max_duration_s`, or at
-    the first failure; chunks already in flight are still fetched on a stop."""
+    """Submit chunk k at t0 + (k - first_chunk) * chunk_s (against `clock`), keep `depth` chunks in
+    flight, hand each report and its submit time to `on_report`. Stops on `stop_reason()`, at
+    `max_duration_s`, or at the first failure; chunks already in flight are still fetched on a stop.
+    `first_chunk` > 0: the workers were primed with chunks before it (a recovered session)."""
     t0 = clock()
-    k = 0
+    k = first_chunk
     inflight: deque[float] = deque()  # submit times
     reason: str | None = None
     try:
@@ -228,10 +230,10 @@ def run_chunk_loop(
             if len(inflight) >= depth:
                 report = pipeline.fetch(fetch_timeout_s)
                 on_report(report, inflight.popleft())
-            wait(t0 + k * chunk_s - clock())
+            wait(t0 + (k - first_chunk) * chunk_s - clock())
         while inflight:
             report = pipeline.fetch(fetch_timeout_s)
             on_report(report, inflight.popleft())
     except ChunkFailure as failure:
-        return LoopResult(failure.reason, failure, k)
-    return LoopResult(reason, None, k)
+        return LoopResult(failure.reason, failure, k - first_chunk)
+    return LoopResult(reason, None, k - first_chunk)

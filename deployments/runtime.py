@@ -9,6 +9,10 @@ A slot is built in the worker stages' order (STYLE 6) and is ready only when eve
 Any failure or timeout on the way destroys what was made (actors killed, placement group removed).
 The slot also holds a *standby* SessionActor (room bundle), started with the slot and again each
 time the slot is returned, so a session never waits for a Python process to start.
+
+Slots outlive the scheduler that made them: the placement group and every actor are detached, named
+by `placement.names` (group `<slot_id>@<scheduler>`, actors `<slot_id>.<role>`), so a scheduler
+that crashes leaves its sessions streaming and, restarted, finds and adopts them.
 GPU workers take `num_cpus=0` and their bundle's GPU (half of it each when the decoder shares DiT
 rank 0's GPU); on a CPU-only cluster the same code takes the bundle's CPU instead.
 """
@@ -19,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +37,11 @@ from deployments.handoff import resolve_transport
 from deployments.pipeline import Workers
 from deployments.settings import ServiceConfig
 from deployments.telemetry import names as N
-from deployments.types import NAMESPACE
+from deployments.types import NAMESPACE, SCHEDULER_NAME
 from deployments.workers import DecoderWorker, DiTWorker, RoomWorker
 from placement.actor import node_of, release, reserve
 from placement.bundles import PlacementSpec, bundles_for
+from placement.names import pg_name, session_actor_name, worker_name
 
 # Ray binds GCS and raylet to the machine's outward interface even when asked for 127.0.0.1; this
 # keeps a local cluster on loopback (see NOTES.md).
@@ -103,12 +109,15 @@ async def _all(calls: Iterable[Awaitable[Any]], timeout_s: float, what: str) -> 
 
 
 async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *, use_gpus: bool,
-                     node_id: str | None = None, trace_context: Mapping[str, str] | None = None) -> Slot:
+                     node_id: str | None = None, trace_context: Mapping[str, str] | None = None,
+                     owner: str = SCHEDULER_NAME) -> Slot:
     """Reserve, populate and warm one slot (see the module docstring); destroys it on any failure.
-    `trace_context`: the slot's build span (W3C carrier): placement and every worker stage go under it."""
+    `trace_context`: the slot's build span (W3C carrier): placement and every worker stage go under it.
+    `owner`: the scheduler's actor name, in the placement group's name (found again after a restart)."""
     t0 = time.monotonic()
     spec = bundles_for(cfg, use_gpus=use_gpus)
-    pg = await _reserve_traced(spec, slot_id, node_id, service.placement_timeout_s, trace_context or {})
+    pg = await _reserve_traced(spec, slot_id, pg_name(slot_id, owner), node_id, service.placement_timeout_s,
+                               trace_context or {})
     slot = Slot(slot_id, spec, pg, [], None, None)
     trace = dict(trace_context or {})
     try:
@@ -117,16 +126,19 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         for r in range(ranks):
             b = spec.bundle_of("dit", r)
             slot.dits.append(ray.remote(DiTWorker).options(
-                name=f"{slot_id}.dit{r}", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
+                name=worker_name(slot_id, "dit", r), namespace=NAMESPACE, lifetime="detached",
+                scheduling_strategy=slot.strategy(b),
                 **_share(spec, b, use_gpus)).remote(cfg, rank=r, ranks=ranks, use_gpus=use_gpus, auto_dtype=auto,
                                                     trace_context=trace))
         b = spec.bundle_of("decoder")
         slot.decoder = ray.remote(DecoderWorker).options(
-            name=f"{slot_id}.decoder", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
+            name=worker_name(slot_id, "decoder"), namespace=NAMESPACE, lifetime="detached",
+            scheduling_strategy=slot.strategy(b),
             **_share(spec, b, use_gpus)).remote(cfg, use_gpus=use_gpus, auto_dtype=auto, trace_context=trace)
         b = spec.bundle_of("room")
         slot.room = ray.remote(RoomWorker).options(
-            name=f"{slot_id}.room", namespace=NAMESPACE, scheduling_strategy=slot.strategy(b),
+            name=worker_name(slot_id, "room"), namespace=NAMESPACE, lifetime="detached",
+            scheduling_strategy=slot.strategy(b),
             num_cpus=cfg.topology.room_cpus / 2).remote(cfg)
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
@@ -139,6 +151,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         await _all((w.load_weights.remote() for w in [*slot.dits, slot.decoder]), limit, "load_weights")
         await _all((w.warm_up.remote() for w in [*slot.dits, slot.decoder]), limit, "warm_up")
         stages = await _all((w.stages.remote() for w in [*slot.dits, slot.decoder]), limit, "stages")
+        await _all([slot.standby.__ray_ready__.remote()], limit, "session_actor")  # a session never waits for it
         slot.stages = {f"dit{r}": s for r, s in enumerate(stages[:ranks])} | {"decoder": stages[-1]}
         slot.node_id = node_of(pg) or node_id
         slot.build_s = time.monotonic() - t0
@@ -155,16 +168,16 @@ def _span_since(name: str, start_ns: int, trace_context: Mapping[str, str], slot
                        attributes={N.SLOT_ID: slot_id}).end()
 
 
-async def _reserve_traced(spec: PlacementSpec, slot_id: str, node_id: str | None, timeout_s: float,
+async def _reserve_traced(spec: PlacementSpec, slot_id: str, name: str, node_id: str | None, timeout_s: float,
                           trace_context: Mapping[str, str]) -> Any:
     """`reserve`, inside a `slot.placement` span (asked -> ready, or the error) under the slot's build span."""
     tel = telemetry.current()
     if not tel.traces:
-        return await reserve(spec, name=slot_id, node_id=node_id, timeout_s=timeout_s)
+        return await reserve(spec, name=name, node_id=node_id, timeout_s=timeout_s, detached=True)
     span = tel.start_span(N.SLOT_PLACEMENT, telemetry.extract(trace_context), attributes={
         N.SLOT_ID: slot_id, N.PLACEMENT_BUNDLES: len(spec.bundles), N.PLACEMENT_STRATEGY: spec.strategy})
     try:
-        pg = await reserve(spec, name=slot_id, node_id=node_id, timeout_s=timeout_s)
+        pg = await reserve(spec, name=name, node_id=node_id, timeout_s=timeout_s, detached=True)
     except BaseException as err:
         telemetry.fail(span, type(err).__name__)
         raise
@@ -174,10 +187,12 @@ async def _reserve_traced(spec: PlacementSpec, slot_id: str, node_id: str | None
 
 
 def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any:
-    """A new SessionActor in the slot's room bundle (its process starts now, in the background)."""
+    """A new SessionActor in the slot's room bundle (its process starts now, in the background); named
+    and detached like the workers, so it streams on through a scheduler restart."""
     from deployments.session import SessionActor
 
     return ray.remote(SessionActor).options(
+        name=session_actor_name(slot.slot_id, uuid.uuid4().hex[:8]), namespace=NAMESPACE, lifetime="detached",
         num_cpus=cfg.topology.room_cpus / 2, scheduling_strategy=slot.strategy(slot.spec.bundle_of("room")),
     ).remote(cfg, service, slot.workers(service), slot_id=slot.slot_id)
 

@@ -16,6 +16,13 @@ A session takes a free warm slot (warm start), else a new slot when a whole bund
 start), else queues (bounded, with a deadline) or is refused with `NoCapacity(retry_after_s)`. When
 it ends, its slot is reset (every worker wipes its session state) and returned to the pool, or
 removed (actors killed, placement group removed) when it is above target or any actor failed.
+
+Faults. A dead worker or session actor ends its session FAILED within a chunk or two (the compiled
+graph raises `ActorDiedError`; a dead SessionActor fails its `run` call) and its slot is removed.
+A `recover` session instead resumes on a fresh bundle (`deployments.recovery`). Slots and session
+actors are detached and named (`placement.names`): when the scheduler itself dies, Ray restarts it
+(`max_restarts=-1`, same handle) while sessions stream on, and on start it adopts what its
+predecessor left (`deployments.ledger`) before deciding anything, so no bundle is booked twice.
 """
 
 from __future__ import annotations
@@ -30,10 +37,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import ray
 from ray.exceptions import RayError
 
+from deployments.ledger import Discovery, discover
 from deployments.pipeline import classify
+from deployments.recovery import RECOVER_MAX_ATTEMPTS, Resume, recoverable
 from deployments.runtime import (
     Slot,
     build_slot,
@@ -97,6 +107,9 @@ class _Session:
     end_reason: str | None = None
     pending_audio: list[tuple[bytes, int, int]] = field(default_factory=list)
     admission: Admission | None = None  # its admission span and arrival (telemetry)
+    adopted: bool = False  # found running by a restarted scheduler: its outcome comes from `outcome()`
+    resume: Resume | None = None  # set while it recovers onto a new slot
+    recoveries: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -113,13 +126,14 @@ class _SlotRecord:
 
 
 DRAIN_RETRY_AFTER_S = 1.0
+_NO_IMAGE = np.zeros((0, 0, 3), np.uint8)  # an ended session's spec keeps no reference image
 
 
 class SessionScheduler:
     """Async Ray actor (see the module docstring); create it with `get_or_create_scheduler`."""
 
-    def __init__(self, service: ServiceConfig) -> None:
-        self.service = service
+    def __init__(self, service: ServiceConfig, name: str = SCHEDULER_NAME) -> None:
+        self.service, self.name = service, name  # the actor's name: its slots' placement groups carry it
         self.cfg = service.session_config()
         self.lock = asyncio.Lock()
         self.sessions: dict[str, _Session] = {}
@@ -144,6 +158,9 @@ class SessionScheduler:
     async def create_session(self, spec: SessionSpec) -> SessionInfo:
         await self._start()
         self.service.check_spec(spec)
+        if spec.recover and spec.output.kind == "file":
+            raise ValueError("recover=true with output kind 'file': a resumed session cannot append to the lost "
+                             "room's MP4; use output kind 'livekit' or 'null', or recover=false")
         if self.draining:
             raise NoCapacity("this service is draining for an upgrade and takes no new sessions; retry (the new "
                              "cluster takes them)", DRAIN_RETRY_AFTER_S, code="draining")
@@ -196,6 +213,7 @@ class SessionScheduler:
             return sess.info
 
     async def get_session(self, session_id: str) -> SessionInfo:
+        await self._start()
         return self._get(session_id).info
 
     async def set_draining(self, draining: bool) -> None:
@@ -214,9 +232,11 @@ class SessionScheduler:
             self._publish_demand()
 
     async def list_sessions(self) -> list[SessionInfo]:
+        await self._start()
         return [s.info for s in self.sessions.values()]
 
     async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
+        await self._start()
         sess = self._get(session_id)
         if sess.terminal:
             return sess.info
@@ -243,6 +263,7 @@ class SessionScheduler:
                         warm_slots_free=self.pool.counts()["free"])
 
     async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
+        await self._start()
         sess = self._get(session_id)
         if not 8000 <= sample_rate <= 192000 or not 1 <= channels <= 8 or len(pcm) % (2 * channels):
             raise ValueError(
@@ -268,6 +289,7 @@ class SessionScheduler:
                 await sess.actor.clear_audio.remote()
 
     async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
+        await self._start()
         sess = self._get(session_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout_s)
@@ -285,13 +307,15 @@ class SessionScheduler:
     # ------------------------------------------------------------------------------ from sessions and ops
     async def report(self, session_id: str, report: Report) -> None:
         """A session actor's periodic report: events, stats, and its end once known."""
+        await self._start()  # after a restart: the reports of surviving sessions start it
         sess = self.sessions.get(session_id)
         if sess is None or sess.terminal:
             return
-        sess.info.stats, sess.info.started_at = report.stats, report.started_at or sess.info.started_at
+        sess.info.stats, sess.info.started_at = report.stats, sess.info.started_at or report.started_at
         for d in report.events:
             if d.kind == "status" and d.status is not None and d.status.terminal:
-                self._terminal(sess, d.status, d.detail or "", report.stats)
+                if not (sess.spec.recover and d.status is SessionStatus.FAILED):  # else `_run` decides: recover?
+                    self._terminal(sess, d.status, d.detail or "", report.stats)
                 break
             if d.kind == "status" and d.status is not None:
                 sess.info.status = d.status
@@ -345,7 +369,7 @@ class SessionScheduler:
         _, self.queue = commit(self._ledger(), self.queue, admits)
         for admit in admits:
             self._admit(admit, self.sessions[admit.request_id])
-        if not self.waiting and not len(self.queue):
+        if not self.waiting and not len(self.queue) and not self._recovering():  # (a build would slow a recovery)
             for slot_id in self.pool.surplus():
                 self.pool.retire(slot_id)
                 self._remove_slot(slot_id)
@@ -359,6 +383,10 @@ class SessionScheduler:
         self._publish_demand()
         if self.tele.tel.metrics:
             self._snapshot()
+
+    def _recovering(self) -> bool:
+        return any(s.resume is not None and s.info.status is not SessionStatus.RUNNING and not s.terminal
+                   for s in self.sessions.values())
 
     def _snapshot(self) -> None:
         """The capacity gauges, as of now (lock held)."""
@@ -421,7 +449,7 @@ class SessionScheduler:
         trace = rec.trace or SlotTrace(slot_id, None, {})
         try:
             slot = await build_slot(slot_id, self.cfg, self.service, use_gpus=use_gpus, node_id=rec.admit.node_id,
-                                    trace_context=trace.context)
+                                    trace_context=trace.context, owner=self.name)
         except Exception as err:  # any failure: the slot is gone, and whoever waits on it must hear why
             log.exception("slot %s failed to build", slot_id)
             self.tele.slot_built(trace, error=type(err).__name__)
@@ -451,7 +479,12 @@ class SessionScheduler:
         rec = self.slots[sess.lease.slot_id]
         assert rec.slot is not None
         slot = rec.slot
-        outcome = await self._drive(sess, slot)
+        outcome = await (self._await_adopted(sess) if sess.adopted else self._drive(sess, slot))
+        sess.adopted = False
+        if (sess.spec.recover and outcome.status is SessionStatus.FAILED and recoverable(outcome.reason)
+                and sess.recoveries < RECOVER_MAX_ATTEMPTS):
+            await self._recover(sess, slot, outcome)
+            return
         healthy = outcome.healthy and await reset_slot(slot, self.service.chunk_timeout_s)
         sess.info.stats = outcome.stats
         async with self.lock:
@@ -467,9 +500,11 @@ class SessionScheduler:
         if sess.end_reason is not None:
             return Outcome(SessionStatus.ENDED, sess.end_reason, True, SessionStats())
         path = str(self.service.output_path(spec.session_id, spec.output.path)) if spec.output.kind == "file" else None
+        if sess.resume is not None and sess.info.started_at is not None:  # a recovery keeps the session's end
+            spec = replace(spec, max_duration_s=max(0.5, spec.max_duration_s - (time.time() - sess.info.started_at)))
         actor, slot.standby = slot.standby or session_actor(slot, self.cfg, self.service), None
         sess.actor = actor
-        run = actor.run.remote(spec, path, ray.get_runtime_context().current_actor, time.time())
+        run = actor.run.remote(spec, path, ray.get_runtime_context().current_actor, time.time(), sess.resume)
         for pcm, rate, channels in sess.pending_audio:  # after run(): it makes the session's buffer live
             actor.push_audio.remote(pcm, rate, channels)
         sess.pending_audio.clear()
@@ -483,6 +518,78 @@ class SessionScheduler:
         finally:
             ray.kill(actor, no_restart=True)
 
+    async def _await_adopted(self, sess: _Session) -> Outcome:
+        """The end of a session adopted from a previous scheduler (which held its `run` call)."""
+        try:
+            outcome: Outcome = await sess.actor.outcome.remote()
+            return outcome
+        except RayError as err:
+            return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
+        finally:
+            ray.kill(sess.actor, no_restart=True)
+
+    async def _recover(self, sess: _Session, slot: Slot, outcome: Outcome) -> None:
+        """A `recover` session lost its bundle: remove it, resume on a free warm slot, else on a new slot
+        where a whole bundle is free, else fail for good (`deployments.recovery`)."""
+        sess.recoveries += 1
+        seen = max((e.chunk for e in sess.events if e.kind == "chunk" and e.chunk is not None), default=-1) + 1
+        resume = outcome.resume or Resume(max(seen, outcome.stats.chunks), stats=outcome.stats)
+        async with self.lock:
+            assert sess.lease is not None
+            self.pool.release(sess.lease, healthy=False)
+            self._remove_slot(slot.slot_id)
+            sess.lease, sess.actor, sess.own_slot = None, None, None
+            sess.resume = replace(resume, attempt=sess.recoveries, reason=outcome.reason)
+            sess.info.stats = outcome.stats
+            if sess.end_reason is not None or self._closing:
+                self._terminal(sess, SessionStatus.ENDED, sess.end_reason or "shutdown", outcome.stats)
+            else:
+                self._status(sess, SessionStatus.STARTING, f"recovering: {outcome.reason} (attempt {sess.recoveries})")
+                lease = self.pool.acquire()
+                node = best_fit(self._ledger(), self.spec.demand()) if lease is None else None
+                if lease is not None:
+                    self._start_on(sess, lease)
+                elif node is not None:
+                    self._admit(Admit(sess.info.id, node.node_id, self.spec.demand()), sess)
+                    self.waiting.remove(sess.info.id)
+                    self.waiting.insert(0, sess.info.id)  # ahead of new sessions: this one is live
+                else:
+                    self._terminal(sess, SessionStatus.FAILED, f"{outcome.reason}; recovery failed: no whole bundle "
+                                   "is free", outcome.stats)
+            self._dispatch(time.monotonic())
+
+    def _adopt(self, found: Discovery) -> None:
+        """Take over the slots and sessions a previous scheduler left (lock held; see deployments.ledger)."""
+        for f in found.found:
+            slot = f.slot
+            self.slots[slot.slot_id] = _SlotRecord(slot.slot_id, Admit(slot.slot_id, slot.node_id or "",
+                                                                       self.spec.demand()), slot=slot)
+            live = [(a, d) for a, d in f.sessions if d["outcome"] is None]
+            for actor, d in f.sessions:
+                sess = _Session(SessionInfo(d["spec"].session_id, d["status"], d["spec"].preset,
+                                            started_at=d["started_at"], stats=d["stats"]), d["spec"],
+                                deque(maxlen=self.service.events_max), actor=actor)
+                self.sessions[sess.info.id] = sess
+                self._event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
+                if d["outcome"] is not None or (actor, d) != live[0]:
+                    o: Outcome | None = d["outcome"]
+                    self._terminal(sess, o.status if o else SessionStatus.FAILED, o.reason if o else
+                                   "session_failed: a second live session on one slot", o.stats if o else None)
+                    ray.kill(actor, no_restart=True)
+                    continue
+                sess.lease, sess.adopted = self.pool.adopt(slot.slot_id, leased=True), True
+                self._spawn(self._run(sess))
+            if not live:  # free (a slot whose last session ended unobserved was never reset: remove it)
+                self.pool.adopt(slot.slot_id, leased=False)
+                if f.sessions:
+                    self.pool.fail(slot.slot_id)
+                    self._remove_slot(slot.slot_id)
+                elif slot.standby is None:
+                    slot.standby = session_actor(slot, self.cfg, self.service)
+        if found.found or found.removed:
+            log.warning("scheduler %s adopted %d slots (%d sessions) and removed %d it could not adopt: %s", self.name,
+                        len(found.found), sum(len(f.sessions) for f in found.found), len(found.removed), found.removed)
+
     # ------------------------------------------------------------------------------ bookkeeping
     async def _start(self) -> None:
         if self._started:
@@ -495,6 +602,9 @@ class SessionScheduler:
             if self.use_gpus is None:
                 self.use_gpus = await asyncio.to_thread(cluster_has_gpus)
                 self.spec = bundles_for(self.cfg, use_gpus=self.use_gpus)
+            found = await discover(self.name, self.cfg, use_gpus=bool(self.use_gpus))
+            async with self.lock:
+                self._adopt(found)
             self._started = True
             self._spawn(self._tick())
             async with self.lock:
@@ -585,6 +695,9 @@ class SessionScheduler:
         sess.info.reason, sess.info.ended_at = reason, time.time()
         if stats is not None:
             sess.info.stats = stats
+        # kept for get/list (ended_max of them): without its reference image (up to MBs) and held audio
+        sess.spec, sess.resume = replace(sess.spec, image=_NO_IMAGE), None
+        sess.pending_audio.clear()
         self._status(sess, status, reason)
         self.tele.decided(sess.admission, "expired" if reason.startswith("queue_timeout") else
                           "failed" if status is SessionStatus.FAILED else "ended")
@@ -603,9 +716,11 @@ class SessionScheduler:
 
 
 def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME) -> Any:
-    """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one."""
+    """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one.
+    Ray restarts it when its process dies (same handle); the new instance adopts the slots and
+    sessions its predecessor left (`deployments.ledger`)."""
     handle: Any = ray.remote(SessionScheduler).options(
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
-        max_concurrency=1000).remote(service)
+        max_concurrency=1000, max_restarts=-1).remote(service, name)
     handle.capacity.remote()  # starts it: reads the cluster, fills the warm pool
     return handle

@@ -1,6 +1,6 @@
 """`characters serve`: run the Serve application on a local Ray cluster (or the one in RAY_ADDRESS).
 
-    run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000) -> exit code
+    run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000, livekit_dev=False) -> exit code
 
 - No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
   service (tiny preset, CPU topology) unless the config says otherwise. With RAY_ADDRESS: joins that
@@ -11,8 +11,11 @@
   (joined cluster) or shuts Serve and Ray down (own cluster), and returns 0. Bad config: 2.
 - `grpc_port=0` turns the gRPC proxy off. Serve's gRPC proxy listens on all interfaces (it has no
   host option), whatever `host` is.
+- `livekit_dev`: also start a development LiveKit server on loopback (`deployments.livekit.server`:
+  built once by scripts/install_livekit.sh, free ports, the public --dev keys) and point the watch page
+  (`/watch/`) at it through CHARACTERS_LIVEKIT_*; own cluster only. It stops after Serve and Ray.
 
-Also runnable as `python -m deployments.serve_cli [--config F] [--host H] [--port P] [--grpc-port G]`.
+Also runnable as `python -m deployments.serve_cli [--config F] [--host H] [--port P] [--grpc-port G] [--livekit-dev]`.
 """
 
 from __future__ import annotations
@@ -22,15 +25,19 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
 from deployments.types import NAMESPACE, SCHEDULER_NAME, Capacity
+
+if TYPE_CHECKING:
+    from deployments.livekit.server import LiveKitServer
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_GRPC_PORT = "127.0.0.1", 8000, 9000
 SCHEDULER_SHUTDOWN_S = 15.0
@@ -77,10 +84,28 @@ def _end_sessions(ray: Any) -> None:
         _say(f"the scheduler did not shut down cleanly ({type(e).__name__}); stopping anyway")
 
 
+def _start_livekit_dev() -> LiveKitServer:
+    """A development LiveKit server on loopback; the watch page's CHARACTERS_LIVEKIT_* point at it."""
+    from deployments.livekit.server import LiveKitServer, install_server
+    from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
+
+    _say("--livekit-dev: installing the LiveKit server (cached after the first build)")
+    server = LiveKitServer(install_server(), Path(tempfile.mkdtemp(prefix="characters-livekit-")))
+    server.start()
+    os.environ.update({LIVEKIT_URL.name: server.url, LIVEKIT_PUBLIC_URL.name: server.url,
+                       LIVEKIT_API_KEY.name: server.api_key, LIVEKIT_API_SECRET.name: server.api_secret})
+    _say(f"LiveKit {server.url} (development keys; log {server.log_path})")
+    return server
+
+
 def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-              grpc_port: int = DEFAULT_GRPC_PORT) -> int:
+              grpc_port: int = DEFAULT_GRPC_PORT, livekit_dev: bool = False) -> int:
     """Serve until Ctrl-C / SIGTERM (see the module docstring). Returns the process exit code."""
     address = os.environ.get("RAY_ADDRESS") or None
+    if livekit_dev and address is not None:
+        _say(f"--livekit-dev starts a local LiveKit server for a local cluster; RAY_ADDRESS={address} is set: unset "
+             "it, or set CHARACTERS_LIVEKIT_URL/_API_KEY/_API_SECRET on that cluster instead")
+        return 2
     if address is None:  # before Ray is imported: keep our own cluster on loopback
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", str(GRPC_MAX_MESSAGE_BYTES))
@@ -103,7 +128,14 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
 
     stop = threading.Event()
+    livekit: LiveKitServer | None = None
     try:
+        if livekit_dev:
+            try:
+                livekit = _start_livekit_dev()  # before Ray starts: its processes inherit the environment
+            except RuntimeError as e:
+                _say(f"--livekit-dev: {e}")
+                return 2
         if address is None:
             from deployments.runtime import init_local
 
@@ -127,6 +159,7 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
         _say(f"HTTP  http://{host}:{port}/v1/sessions   docs http://{host}:{port}/docs")
         if grpc_port:
             _say(f"gRPC  {host}:{grpc_port}  service characters.v1.Characters")
+        _say(f"Watch http://{host}:{port}/watch/")
         _say("Ctrl-C to stop")
         while not stop.wait(0.5):
             pass
@@ -141,6 +174,8 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
             else:
                 serve.delete(APP_NAME)
             ray.shutdown()
+        if livekit is not None:
+            livekit.stop()
     return 0
 
 
@@ -152,12 +187,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})")
     p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
                    help=f"gRPC port (default {DEFAULT_GRPC_PORT}; 0: no gRPC)")
+    p.add_argument("--livekit-dev", action="store_true",
+                   help="also start a development LiveKit server on loopback for the watch page (/watch/)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    return run_serve(a.config, a.host, a.port, a.grpc_port)
+    return run_serve(a.config, a.host, a.port, a.grpc_port, a.livekit_dev)
 
 
 if __name__ == "__main__":

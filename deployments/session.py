@@ -7,7 +7,9 @@ Lifecycle (the scheduler owns QUEUED and STARTING; the session actor the rest):
 
 READY: every rank started, the reference in the sink, the graph compiled. RUNNING: the first chunk
 was published. A failure at any point ends the session FAILED with a machine-readable reason
-(actor_died, chunk_timeout, worker_error, start_failed, ...) and the slot is then removed.
+(actor_died, chunk_timeout, worker_error, start_failed, ...) and the slot is then removed; a session
+created with `recover` instead goes back to STARTING (detail `recovering: <reason>`) and resumes on a
+fresh slot (`deployments.recovery`).
 
 Audio: agent PCM is converted to float32 mono 16 kHz on arrival and queued; chunk k takes exactly
 the samples of `chunk_sample_range(k)` from the queue, padded with silence when the queue runs dry
@@ -15,7 +17,8 @@ the samples of `chunk_sample_range(k)` from the queue, padded with silence when 
 
 Stats: `step_ms_p50/p95` are chunk latencies, submit -> published by the room (DiT step, handoff,
 decode, publish; pipelined, so up to `pipeline_depth` chunks overlap); `fps` and `late_chunks` are
-the room's playout measurements (`workers.PlayoutMeter`).
+the room's playout measurements (`workers.PlayoutMeter`); `buffer_ms` and `av_offset_ms` the output's
+(a LiveKit room's playout, else the meter); `stage_ms` the median of each chunk stage (`StageWindow`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +39,7 @@ from ray.exceptions import RayError
 
 from characters.audio import chunk_sample_range, convert_pcm, pcm16_to_float
 from characters.config import SessionConfig
+from characters.telemetry import CHUNK_STAGES, StageTime
 from deployments import telemetry
 from deployments.pipeline import (
     ActorCallPipeline,
@@ -46,9 +50,11 @@ from deployments.pipeline import (
     classify,
     run_chunk_loop,
 )
+from deployments.recovery import History, Resume, prime, prime_windows
 from deployments.settings import ServiceConfig
 from deployments.telemetry import SessionTelemetry
 from deployments.telemetry import names as N
+from deployments.telemetry.session import handoff
 from deployments.types import SessionSpec, SessionStats, SessionStatus
 from deployments.workers import ChunkReport
 
@@ -83,6 +89,13 @@ class AudioBuffer:
                 )
             self._parts.append(pcm)
             self._queued += pcm.size
+
+    def drain(self) -> np.ndarray:
+        """Take everything queued, as one (n,) float32 array (a recovering session carries it over)."""
+        with self._lock:
+            parts, self._queued = list(self._parts), 0
+            self._parts.clear()
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     def clear(self) -> int:
         """Drop everything queued (an interruption); returns the samples dropped."""
@@ -121,6 +134,32 @@ class EventDraft:
     at: float = field(default_factory=time.time)
 
 
+class StageWindow:
+    """Median ms of each chunk stage over the last `window` chunks, from the times chunks carry
+    (`ChunkReport.stages`): a stage's GPU times (CUDA events) when it has any, else its host times;
+    `handoff` is DiT end -> decoder start on the host clock."""
+
+    def __init__(self, window: int = LATENCY_WINDOW) -> None:
+        self.window = window
+        self._ms: dict[tuple[str, str], deque[float]] = {}  # (stage, source) -> durations
+
+    def add(self, stages: Sequence[StageTime], chunk: int) -> None:
+        for t in stages:
+            self._put(t.stage, t.source, t.duration_ns / 1e6)
+        if (h := handoff({t.stage: t for t in stages if t.chunk == chunk and t.source == "host"})) is not None:
+            self._put("handoff", "host", (h[1] - h[0]) / 1e6)
+
+    def p50(self) -> dict[str, float]:
+        """Stage -> median ms, in pipeline order (CHUNK_STAGES)."""
+        out = {stage: float(np.median(ms)) for (stage, source), ms in self._ms.items()
+               if source != "host" or (stage, "cuda") not in self._ms}
+        order = {stage: i for i, stage in enumerate(CHUNK_STAGES)}
+        return {s: round(out[s], 3) for s in sorted(out, key=lambda s: (order.get(s, len(order)), s))}
+
+    def _put(self, stage: str, source: str, ms: float) -> None:
+        self._ms.setdefault((stage, source), deque(maxlen=self.window)).append(ms)
+
+
 @dataclass(frozen=True)
 class Report:
     """What a session tells the scheduler: new events, current stats, and its end once known."""
@@ -137,6 +176,7 @@ class Outcome:
     reason: str
     healthy: bool  # may the slot be reset and reused?
     stats: SessionStats
+    resume: Resume | None = None  # a recoverable failure of a `recover` session: where to resume
 
 
 class SessionRunner:
@@ -146,7 +186,8 @@ class SessionRunner:
     def __init__(self, session_id: str, cfg: SessionConfig, *, max_duration_s: float, depth: int,
                  fetch_timeout_s: float, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None,
-                 on_chunk: Callable[[ChunkReport, float], None] | None = None) -> None:
+                 on_chunk: Callable[[ChunkReport, float], None] | None = None,
+                 history: History | None = None, resume: Resume | None = None) -> None:
         g = cfg.model.generation
         self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
@@ -157,6 +198,7 @@ class SessionRunner:
         self.terminal: tuple[SessionStatus, str] | None = None
         self._events: list[EventDraft] = []
         self._latency: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self._stages = StageWindow()
         self._stop_reason: str | None = None
         self.phases: dict[str, float] = {}  # start-up phases (seconds), reported with READY
         self._stopped = threading.Event()
@@ -164,6 +206,12 @@ class SessionRunner:
         self.on_event: Callable[[], None] = lambda: None  # called (any thread) when a status changes
         self.on_chunk = on_chunk  # telemetry: every published chunk's report and submit time (loop thread)
         self.loop_ended_at: float | None = None  # clock() when the chunk loop returned
+        self.history = history  # recent audio, for recovery (`recover` sessions)
+        # a resumed session: local chunks before `first_chunk` primed the workers; chunk numbers continue
+        self.first_chunk = resume.primed if resume else 0
+        self.chunk_offset = (resume.chunks - self.first_chunk) if resume else 0
+        if resume is not None:
+            self.stats = replace(resume.stats)
 
     # ----------------------------------------------------------------------------- any thread
     def stop(self, reason: str) -> None:
@@ -215,7 +263,8 @@ class SessionRunner:
             if self._stop_reason is None:
                 self.status(SessionStatus.READY, " ".join(f"{k}={v:.3f}" for k, v in self.phases.items()))
             result = run_chunk_loop(
-                pipeline, session_id=self.session_id, audio=self.audio.take, chunk_s=self.chunk_s, depth=self.depth,
+                pipeline, session_id=self.session_id, audio=self._take, first_chunk=self.first_chunk,
+                chunk_s=self.chunk_s, depth=self.depth,
                 max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
                 wait=self._stopped.wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report)
             self.loop_ended_at = self.clock()
@@ -225,6 +274,10 @@ class SessionRunner:
         finally:
             clean = pipeline.close()
         return outcome if clean else replace(outcome, healthy=False)
+
+    def _take(self, k: int) -> np.ndarray:
+        pcm = self.audio.take(k)
+        return self.history.taken(k, pcm) if self.history is not None else pcm
 
     def _on_report(self, report: ChunkReport, submitted_at: float) -> None:
         """Chunk k was published; its latency is submit -> published (the room stamps it on this
@@ -241,8 +294,14 @@ class SessionRunner:
             s.late_chunks += report.late
             s.fps = report.delivered_fps
             s.step_ms_p50, s.step_ms_p95 = float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
+            s.buffer_ms, s.av_offset_ms = report.buffer_s * 1e3, report.av_offset_s * 1e3
+            self._stages.add(report.stages, report.chunk)
+            s.stage_ms = self._stages.p50()
             detail = f"digest={report.digest} late={int(report.late)}"
-            self._events.append(EventDraft("chunk", chunk=report.chunk, detail=detail, at=self.wall()))
+            self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,
+                                           at=self.wall()))
+        if self.history is not None:
+            self.history.on_published(report.chunk)
         if first:
             self.on_event()
         if self.on_chunk is not None:
@@ -275,6 +334,9 @@ class SessionActor:
         self._early_stop: str | None = None
         self._wake: asyncio.Event | None = None
         self._closing = False
+        self._resume: Resume | None = None
+        self._outcome: Outcome | None = None
+        self._ended = asyncio.Event()
 
     def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> float:
         """Queue agent audio (16-bit PCM, any rate and channel count); returns seconds queued."""
@@ -291,11 +353,14 @@ class SessionActor:
             self.runner.stop(reason)
 
     async def run(self, spec: SessionSpec, output_path: str | None, scheduler: Any | None,
-                  requested_at: float | None = None) -> Outcome:
-        """Start `spec` on the slot, stream until it ends, and return how it ended (once per actor)."""
+                  requested_at: float | None = None, resume: Resume | None = None) -> Outcome:
+        """Start `spec` on the slot, stream until it ends, and return how it ended (once per actor).
+        `resume`: a recovered session (`deployments.recovery`): prime the workers, continue its chunks."""
         if self.runner is not None:
             raise RuntimeError("this SessionActor already ran a session; each session gets a fresh one")
-        self.spec, self.output_path, self.scheduler = spec, output_path, scheduler
+        self.spec, self.output_path, self.scheduler, self._resume = spec, output_path, scheduler, resume
+        if resume is not None and resume.pending.size:
+            self.audio.push(resume.pending)  # speech of chunks the viewer never got, then the queue
         if self.tel.enabled:
             try:
                 self.trace = SessionTelemetry(self.tel, spec.session_id, spec.trace_context, preset=spec.preset,
@@ -305,7 +370,9 @@ class SessionActor:
             self._traced(lambda t: t.starting(int(requested_at * 1e9) if requested_at else None))
         self.runner = SessionRunner(spec.session_id, self.cfg, max_duration_s=spec.max_duration_s, audio=self.audio,
                                     depth=self.service.pipeline_depth, fetch_timeout_s=self.service.chunk_timeout_s,
-                                    on_chunk=self._on_chunk if self.trace is not None else None)
+                                    on_chunk=self._on_chunk if self.trace is not None else None,
+                                    history=History(self.cfg.model.generation.ring_slots) if spec.recover else None,
+                                    resume=resume)
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         if self._early_stop is not None:
@@ -346,7 +413,31 @@ class SessionActor:
             await reporter  # sends whatever is left, then returns
             if self.tel.enabled:  # the scheduler kills this actor as soon as run() returns
                 await asyncio.to_thread(self.tel.flush, 2.0)
+        if runner.history is not None and outcome.status is SessionStatus.FAILED:
+            outcome = replace(outcome, resume=runner.history.resume(
+                chunks=outcome.stats.chunks, queued=self.audio.drain(), stats=outcome.stats,
+                attempt=self._resume.attempt + 1 if self._resume else 1, reason=outcome.reason))
+        self._outcome = outcome
+        self._ended.set()
         return outcome
+
+    async def outcome(self) -> Outcome:
+        """How the session ended, once it has: a restarted scheduler (which cannot await the `run` call
+        its predecessor made) waits on this instead."""
+        await self._ended.wait()
+        assert self._outcome is not None
+        return self._outcome
+
+    def describe(self) -> dict[str, Any]:
+        """What a restarted scheduler needs to adopt this actor (`deployments.ledger`): the slot's
+        workers, and the session it runs or ran, if any (status, stats, outcome once ended)."""
+        r = self.runner
+        if r is None:
+            return {"workers": self.workers, "spec": None}
+        status = r.terminal[0] if r.terminal else SessionStatus.RUNNING if r.started_at else (
+            SessionStatus.READY if "compile_s" in r.phases else SessionStatus.STARTING)
+        return {"workers": self.workers, "spec": self.spec, "status": status, "started_at": r.started_at,
+                "stats": replace(r.stats), "outcome": self._outcome, "output_path": self.output_path}
 
     def _on_chunk(self, report: ChunkReport, submitted_at: float) -> None:
         if self.trace is not None and self.runner is not None:  # SessionRunner guards this call
@@ -384,6 +475,9 @@ class SessionActor:
         await asyncio.gather(*(d.start.remote(sid, reference, self.spec.seed) for d in w.dits),
                              w.decoder.start.remote(sid), w.room.open.remote(sid, self.spec.output, self.output_path,
                                                ray.get_runtime_context().current_actor, self.spec.max_duration_s))
+        if self._resume is not None and self._resume.primed:
+            g, rate = self.cfg.model.generation, self.cfg.model.audio.sample_rate
+            await prime(w, sid, prime_windows(self._resume.prime, self._resume.primed, g.frames_per_chunk, rate, g.fps))
 
     def _make_pipeline(self) -> Pipeline:
         if self.service.graph == "actor_calls":

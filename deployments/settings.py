@@ -16,6 +16,23 @@ turns them into the one frozen config that the scheduler, its slots and its sess
     CHARACTERS_WORKER_TIMEOUT_S      wait for a worker stage (load weights, warm up) before failing the slot
     GLOO_SOCKET_IFNAME               interface gloo binds for CPU tensor parallelism (lo: loopback only)
 
+Request limits (defaults of `deployments.api.ApiConfig`; the app args' `api:` section overrides them;
+docs/security.md has the table):
+
+    CHARACTERS_MAX_BODY_BYTES        largest HTTP request body (413 body_too_large)
+    CHARACTERS_MAX_IMAGE_BYTES       largest reference image file, decoded from base64 (413 image_too_large)
+    CHARACTERS_MAX_IMAGE_PIXELS      largest reference image width x height (413 image_too_large)
+    CHARACTERS_MAX_AUDIO_CHUNK_BYTES largest PCM payload of one audio message (422 invalid_field pcm)
+    CHARACTERS_MAX_DURATION_S        largest maxDuration a request may ask for (422 invalid_field maxDuration)
+    CHARACTERS_CORS_ORIGINS          comma-separated origins allowed by CORS (empty: CORS off, the default)
+
+LiveKit server of the watch page (`deployments.watch`; `characters serve --livekit-dev` sets them):
+
+    CHARACTERS_LIVEKIT_URL           ws(s)://host[:port] the watch page's sessions publish to; empty: page off
+    CHARACTERS_LIVEKIT_PUBLIC_URL    the same server as browsers reach it (empty: CHARACTERS_LIVEKIT_URL)
+    CHARACTERS_LIVEKIT_API_KEY       API key of that server (mints the character's and viewers' tokens)
+    CHARACTERS_LIVEKIT_API_SECRET    its secret (never logged)
+
 Telemetry (`TelemetryConfig.from_env()`; OFF unless an OTLP endpoint or exporter is set; docs/operations.md):
 
     OTEL_SDK_DISABLED                true: no telemetry at all, whatever else is set
@@ -107,6 +124,19 @@ OUTPUT_DIR = EnvVar("CHARACTERS_OUTPUT_DIR", str, "out/sessions", "a directory f
 PLACEMENT_TIMEOUT_S = EnvVar("CHARACTERS_PLACEMENT_TIMEOUT_S", float, 30.0, "seconds to wait for a placement group")
 WORKER_TIMEOUT_S = EnvVar("CHARACTERS_WORKER_TIMEOUT_S", float, 600.0, "seconds to wait for one worker stage")
 GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", str, "lo", "network interface for gloo (CPU tensor parallelism)")
+MiB = 1024 * 1024
+MAX_BODY_BYTES = EnvVar("CHARACTERS_MAX_BODY_BYTES", int, 16 * MiB, "bytes, an integer >= 1024")
+MAX_IMAGE_BYTES = EnvVar("CHARACTERS_MAX_IMAGE_BYTES", int, 10 * MiB, "bytes, an integer >= 1")
+MAX_IMAGE_PIXELS = EnvVar("CHARACTERS_MAX_IMAGE_PIXELS", int, 4096 * 4096, "pixels, an integer >= 256")
+MAX_AUDIO_CHUNK_BYTES = EnvVar("CHARACTERS_MAX_AUDIO_CHUNK_BYTES", int, 1 * MiB, "bytes, an integer >= 2")
+MAX_DURATION_S = EnvVar("CHARACTERS_MAX_DURATION_S", float, 3600.0, "seconds, > 0")
+CORS_ORIGINS: EnvVar[tuple[str, ...]] = EnvVar(
+    "CHARACTERS_CORS_ORIGINS", lambda raw: tuple(o.strip() for o in raw.split(",") if o.strip()), (),
+    "comma-separated origins, e.g. https://app.example.com")
+LIVEKIT_URL = EnvVar("CHARACTERS_LIVEKIT_URL", str, "", "the LiveKit server of watch-page sessions, ws(s)://host[:port]")
+LIVEKIT_PUBLIC_URL = EnvVar("CHARACTERS_LIVEKIT_PUBLIC_URL", str, "", "that server's URL as browsers reach it")
+LIVEKIT_API_KEY = EnvVar("CHARACTERS_LIVEKIT_API_KEY", str, "", "the LiveKit server's API key")
+LIVEKIT_API_SECRET = EnvVar("CHARACTERS_LIVEKIT_API_SECRET", str, "", "the LiveKit server's API secret")
 
 
 def _parse_bool(raw: str) -> bool:

@@ -53,6 +53,7 @@ class SessionSpec:
     output: OutputSpec | LiveKitOutput = field(default_factory=OutputSpec)
     seed: int = 0
     api_key_id: str | None = None  # which API key made it (for per-key quotas), never the key itself
+    recover: bool = False  # resume on a fresh bundle when this one is lost (deployments.recovery)
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate
 
 
@@ -65,6 +66,9 @@ class SessionStats:
     step_ms_p50: float = 0.0
     step_ms_p95: float = 0.0
     audio_queued_s: float = 0.0
+    buffer_ms: float = 0.0  # media queued ahead of playout (the jitter buffer's depth), as of the last chunk
+    av_offset_ms: float = 0.0  # video minus audio play time at the output (positive: video behind)
+    stage_ms: dict[str, float] = field(default_factory=dict)  # chunk stage -> p50 ms (dit, handoff, decode, ...)
 
 
 @dataclass

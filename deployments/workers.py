@@ -472,7 +472,7 @@ class RoomWorker:
     def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
                  buffer_chunks: float = 1.0) -> None:
         self.cfg, self.clock = cfg, clock
-        self.timed = telemetry.setup("room").enabled  # stamp the publish stage (telemetry on)
+        telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
         self.buffer_s = buffer_chunks * self.chunk_s
@@ -518,12 +518,12 @@ class RoomWorker:
         late, lateness = self.meter.on_chunk(now)
         self.sink.write(frames.frames, inp.pcm)
         digest = hashlib.blake2b(frames.frames.tobytes(), digest_size=8).hexdigest()
-        stages = frames.stages
-        if self.timed:
-            stages = (*stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
+        stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
+        buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
+        if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements
+            buffer_s, av_offset_s = room.playout.buffered_s, room.playout.av_offset_ms / 1e3
         return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
-                           digest, now, stages, self.meter.queued_s(now),
-                           float(getattr(self.sink, "av_offset_s", 0.0)))
+                           digest, now, stages, buffer_s, av_offset_s)
 
     def close(self) -> None:
         """Finish the output (the MP4 trailer). Idempotent."""

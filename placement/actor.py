@@ -60,10 +60,14 @@ def alive_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-async def reserve(spec: PlacementSpec, *, name: str, node_id: str | None, timeout_s: float) -> PlacementGroup:
+async def reserve(spec: PlacementSpec, *, name: str, node_id: str | None, timeout_s: float,
+                  detached: bool = False) -> PlacementGroup:
     """Create the session's placement group (STRICT_PACK, from `spec`), preferring `node_id`, and wait
-    until it is ready. On timeout or cancellation it is removed before the error propagates."""
-    pg = placement_group(spec.ray_bundles(), strategy=spec.strategy, name=name, _soft_target_node_id=node_id)
+    until it is ready. On timeout or cancellation it is removed before the error propagates.
+    `detached`: the group outlives the process that made it (a scheduler that crashes and restarts
+    finds it again by `name`); otherwise Ray removes it when that process dies."""
+    pg = placement_group(spec.ray_bundles(), strategy=spec.strategy, name=name, _soft_target_node_id=node_id,
+                         lifetime="detached" if detached else None)
     try:
         await asyncio.wait_for(asyncio.wrap_future(pg.ready().future()), timeout_s)
     except TimeoutError as err:

@@ -3,6 +3,7 @@
 `WarmPool` is bookkeeping only (no Ray, no I/O): the scheduler actor creates and tears down the
 actual placement groups and actors and tells the pool what happened. A slot moves through
 
+    adopt() ------------------> free / leased   (a restarted scheduler taking over slots it finds)
     add() -> warming --ready()--> free --acquire()--> leased --release(healthy=True)--> free
                  |                  |                    '---release(healthy=False)--> draining --forget()--> gone
                  '-- fail() --------+-- fail()/retire() -----------------------------> draining
@@ -95,6 +96,20 @@ class WarmPool:
             state = self._slots[slot_id].state
             raise ValueError(f"slot_id={slot_id!r} is already in the pool ({state}); slot ids must be unique")
         self._slots[slot_id] = _Slot("warming")
+
+    def adopt(self, slot_id: str, *, leased: bool) -> Lease | None:
+        """A ready slot that outlived the scheduler which made it (found on the cluster by a restarted
+        scheduler): free, or leased to the session running on it, whose new lease is returned."""
+        if slot_id in self._slots:
+            state = self._slots[slot_id].state
+            raise ValueError(f"slot_id={slot_id!r} is already in the pool ({state}); adopt each slot once")
+        if not leased:
+            self._slots[slot_id] = _Slot("free")
+            self._free[slot_id] = None
+            return None
+        self._slots[slot_id] = _Slot("leased", self._next_lease)
+        self._next_lease += 1
+        return Lease(slot_id, self._slots[slot_id].lease_id)
 
     def ready(self, slot_id: str) -> bool:
         """Warming finished: the slot becomes free. False (no change) if it failed or was retired meanwhile."""

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -76,11 +77,15 @@ def timed(fn, device: torch.device, iters: int, warmup: int) -> list[float]:  # 
     return out
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
+def matmul_rate(device: torch.device, dtype: torch.dtype, trials: int = 5) -> float:
+    """The matmul rate the floor is computed at: the best of `trials` medians of a square GEMM (8192 on
+    CUDA). The best, not a typical run: one median alone wandered 731..793 TFLOP/s between runs on
+    the H200 (clocks, power), and a lower rate would flatter the step's ratio to its floor."""
     n = 8192 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    ms = statistics.median(timed(lambda: a @ b, device, iters=10 if device.type == "cuda" else 5, warmup=3))
+    iters = 10 if device.type == "cuda" else 5
+    ms = min(statistics.median(timed(lambda: a @ b, device, iters=iters, warmup=3)) for _ in range(trials))
     return 2 * n**3 / (ms / 1e3)
 
 
@@ -112,7 +117,8 @@ def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dic
 
 def cache_management_ms(runner: DiTRunner, device: torch.device, args: argparse.Namespace) -> float:
     """Per-chunk cache work of this mode, measured in isolation at the real shapes: one layer's
-    `KVCache.attend` minus the bare attention over the same keys, times layers x forwards."""
+    `KVCache.attend` minus the bare attention over the same keys, times layers x forwards (device time:
+    graph replays on CUDA)."""
     m, cache = runner.cfg.model, runner.cache
     heads = cache.k.shape[2] if cache.mode == "write_time" else cache.k.shape[3]
     dh, t = m.dit.head_dim, cache.chunk_tokens
@@ -128,11 +134,27 @@ def cache_management_ms(runner: DiTRunner, device: torch.device, args: argparse.
     else:
         k = v = torch.randn(1, heads, valid, dh, device=device, dtype=runner.dtype)
     with torch.inference_mode():
-        full = statistics.median(timed(lambda: cache.attend(0, qkv, w, w, cos, sin, offset, valid), device,
-                                       args.iters, args.warmup))
-        bare = statistics.median(timed(lambda: attention(q, k, v, runner.attention_backend), device,
-                                       args.iters, args.warmup))
+        full = device_ms(lambda: cache.attend(0, qkv, w, w, cos, sin, offset, valid), device, args)
+        bare = device_ms(lambda: attention(q, k, v, runner.attention_backend), device, args)
     return max(full - bare, 0.0) * m.dit.num_layers * m.generation.forwards_per_chunk
+
+
+def device_ms(fn: Callable[[], object], device: torch.device, args: argparse.Namespace, reps: int = 10) -> float:
+    """ms per call of `fn`. On CUDA `reps` calls are captured in one graph and the replays timed, so host
+    launch gaps (absent from the graph-replayed step) do not count; elsewhere plain wall time."""
+    if device.type != "cuda":
+        return statistics.median(timed(fn, device, args.iters, args.warmup))
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return statistics.median(timed(graph.replay, device, args.iters, args.warmup)) / reps
 
 
 def main() -> None:

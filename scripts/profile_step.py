@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default=None)
+    p.add_argument("--shapes", action="store_true", help="also list the top aten ops by device time with input shapes")
     args = p.parse_args()
     device = torch.device(args.device)
     cfg = session_config(args.preset, args.topology, dtype="bfloat16" if device.type == "cuda" else "float32")
@@ -59,7 +60,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=args.shapes) as prof:
         for _ in range(args.steps):
             runner.step_windows(windows)
         if device.type == "cuda":
@@ -73,9 +74,15 @@ def main() -> None:
         totals[family(ev.key)] += us / args.steps / 1e3
         top[ev.key] += us / args.steps / 1e3
     total = sum(totals.values())
+    ops: dict[str, float] = {}
+    if args.shapes:  # which op (and on which shapes) launched the time: aten ops, device time included
+        for ev in prof.key_averages(group_by_input_shape=True):
+            if ev.device_type == torch.autograd.DeviceType.CPU and ev.key.startswith("aten::") and ev.device_time_total:
+                ops[f"{ev.key} {ev.input_shapes} x{ev.count // args.steps}"] = ev.device_time_total / args.steps / 1e3
     result = {"command": " ".join(["python", *sys.argv]), **env_info(device), "preset": args.preset,
               "topology": args.topology, "ms_per_chunk_by_family": dict(totals), "ms_total": total,
-              "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:25])}
+              "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:25]),
+              **({"top_ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:30])} if ops else {})}
     out = Path(args.out or f"benchmarks/profile_{args.preset}_{args.topology}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -85,6 +92,8 @@ def main() -> None:
     print(f"{'total kernel time':<24} {total:>9.2f}")
     for name, ms in list(result["top_kernels_ms"].items())[:12]:
         print(f"  {ms:8.2f}  {name[:100]}")
+    for name, ms in list(ops.items() and result["top_ops_ms"].items())[:20]:
+        print(f"  {ms:8.2f}  {name[:160]}")
 
 
 if __name__ == "__main__":

@@ -53,9 +53,8 @@ RUNWAY_MODEL = "gwm1_avatars"
 DEFAULT_MAX_DURATION_S = 300
 ASSETS = Path(__file__).resolve().parents[2] / "characters" / "assets"
 PRESET_FACES = {"sample-face": "sample_face.png"}  # presetId -> bundled reference image
-# Kept out of /openapi.json for now: tests/unit/test_api_validation.py pins the documented path set to the
-# native routes. Flip this (and extend that test) to publish these routes in the schema.
-IN_SCHEMA = False
+# Published in /openapi.json (tag "runway"), so clients and the schema fuzzer (tests/unit/test_api_fuzz.py) see them.
+IN_SCHEMA = True
 
 
 class _RunwayIn(BaseModel):
@@ -69,18 +68,21 @@ class CustomAvatarIn(_RunwayIn):
 
 class PresetAvatarIn(_RunwayIn):
     type: Literal["runway-preset"]
-    preset_id: str = Field(min_length=1, max_length=128, description=f"One of {sorted(PRESET_FACES)}.")
+    preset_id: str = Field(min_length=1, max_length=128, description=f"One of {sorted(PRESET_FACES)}.",
+                           examples=sorted(PRESET_FACES))
 
 
 class RunwayLiveKitIn(_RunwayIn):
-    url: str = Field(min_length=1, max_length=2048, description="The LiveKit server (ws:// or wss://).")
-    token: str = Field(min_length=1, max_length=8192, description="Access token for the avatar's participant.")
-    room_name: str = Field(min_length=1, max_length=256)
+    url: str = Field(min_length=1, max_length=2048, description="The LiveKit server (ws:// or wss://).",
+                     examples=["wss://livekit.example.com"])
+    token: str = Field(min_length=1, max_length=8192, description="Access token for the avatar's participant.",
+                       examples=["<header>.<claims>.<signature>"])
+    room_name: str = Field(min_length=1, max_length=256, examples=["my-room"])
     agent_identity: str | None = Field(default=None, max_length=128, description="The agent the avatar voices.")
 
 
 class RealtimeSessionIn(_RunwayIn):
-    model: str = Field(description=f"{RUNWAY_MODEL!r}.")
+    model: str = Field(description=f"{RUNWAY_MODEL!r}.", examples=[RUNWAY_MODEL])
     avatar: Annotated[CustomAvatarIn | PresetAvatarIn, Field(discriminator="type")]
     livekit: RunwayLiveKitIn
     max_duration: float | None = Field(default=None, gt=0, description="Seconds; default "
@@ -162,7 +164,7 @@ class AvatarCreateIn(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True, strict=True)
 
     image: str = Field(description="The reference image (PNG, JPEG or WebP) in base64; a data URL prefix is "
-                                   "accepted.")
+                                   "accepted.", json_schema_extra={"format": "byte"})
     name: str | None = Field(default=None, max_length=128)
 
 
@@ -264,7 +266,8 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
         return getattr(request.state, "api_key_id", None)
 
     @app.post("/v1/realtime_sessions", response_model=RealtimeSessionOut, **route,
-              responses=error_responses(400, 401, 413, 422, 503), summary="Start an avatar (Runway Characters API)")
+              responses=error_responses(400, 401, 413, 422, 429, 503),
+              summary="Start an avatar (Runway Characters API)")
     async def create_realtime(body: RealtimeSessionIn, request: Request,
                               x_runway_version: str | None = Header(default=None)) -> RealtimeSessionOut:
         check_request(body, x_runway_version)
@@ -273,12 +276,12 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
         return RealtimeSessionOut.of(await frontend.submit(spec))
 
     @app.get("/v1/realtime_sessions/{session_id}", response_model=RealtimeSessionOut, **route,
-             responses=error_responses(401, 404, 503), summary="Get an avatar session")
+             responses=error_responses(401, 404, 422, 503), summary="Get an avatar session")
     async def get_realtime(session_id: str) -> RealtimeSessionOut:
         return RealtimeSessionOut.of(await frontend.get(session_id))
 
     @app.delete("/v1/realtime_sessions/{session_id}", status_code=204, **route,
-                responses=error_responses(401, 404, 503), summary="Cancel an avatar session (idempotent)")
+                responses=error_responses(401, 404, 422, 503), summary="Cancel an avatar session (idempotent)")
     async def cancel_realtime(session_id: str) -> Response:
         await frontend.end(session_id, "deleted")
         return Response(status_code=204)
@@ -293,12 +296,12 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
         return avatar.out()
 
     @app.get("/v1/avatars/{avatar_id}", response_model=AvatarOut, **route,
-             responses=error_responses(401, 404), summary="Get a registered avatar")
+             responses=error_responses(401, 404, 422), summary="Get a registered avatar")
     async def get_avatar(avatar_id: str) -> AvatarOut:
         return frontend.avatars.get(avatar_id).out()
 
     @app.delete("/v1/avatars/{avatar_id}", status_code=204, **route,
-                responses=error_responses(401, 404), summary="Delete a registered avatar")
+                responses=error_responses(401, 404, 422), summary="Delete a registered avatar")
     async def delete_avatar(avatar_id: str) -> Response:
         frontend.avatars.delete(avatar_id)
         return Response(status_code=204)

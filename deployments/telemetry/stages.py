@@ -34,11 +34,9 @@ def stage_spans(role: str, rank: int | None, trace_context: Mapping[str, str] | 
     return hook
 
 
-def chunk_recorder(device: torch.device) -> StageRecorder | None:
-    """A stage recorder for the chunk step when telemetry is on (host timers on CPU, CUDA events on GPU)."""
-    tel = telemetry.current()
-    if not (tel.traces or tel.metrics):
-        return None
+def chunk_recorder(device: torch.device) -> StageRecorder:
+    """A stage recorder for the chunk step (host timers on CPU, CUDA events on GPU). Always on, telemetry or not:
+    the session's stats report per-stage times (`SessionStats.stage_ms`); nothing in the step synchronises."""
     recorder = StageRecorder(device)
     recorder.anchor()  # after warm-up: one synchronize, outside any session
     return recorder

@@ -167,3 +167,21 @@ def test_attention_scale_cuda() -> None:
     q, k, v = _attention_inputs(1, 2, 16, 40, 64, 64, torch.bfloat16)
     scale = 0.5 / math.sqrt(64)
     assert rel_err(attention(q, k, v, "sdpa", scale=scale), attention_ref(q, k, v, scale=scale)) < 1e-2
+
+
+@pytest.mark.parametrize(("c", "t", "h", "w", "past", "residual"),
+                         [(96, 4, 88, 136, 2, False), (384, 1, 11, 17, 2, True), (192, 4, 44, 68, 0, True)])
+def test_norm_silu_matches_reference_cuda(c: int, t: int, h: int, w: int, past: int, residual: bool) -> None:
+    from kernels.norm_silu import norm_silu, norm_silu_ref
+
+    g = torch.Generator(device="cuda").manual_seed(c)
+    cl = torch.channels_last_3d
+    x = torch.randn(1, c, t, h, w, device="cuda", generator=g).bfloat16().contiguous(memory_format=cl)
+    res = torch.randn_like(x) if residual else None
+    weight = 1 + 0.3 * torch.randn(c, device="cuda", generator=g)
+    window = torch.full((1, c, past + t, h, w), float("nan"), device="cuda", dtype=torch.bfloat16)
+    window = window.contiguous(memory_format=cl)
+    ref = norm_silu_ref(x, weight, 1e-6, residual=res)
+    norm_silu(x, weight, 1e-6, out=window[:, :, past:], residual=res)
+    assert window[:, :, :past].isnan().all() and not window[:, :, past:].isnan().any()
+    assert rel_err(window[:, :, past:], ref) < REL_TOL[torch.bfloat16]

@@ -358,7 +358,10 @@ def test_api_keys_are_required(server: Server) -> None:
 def test_openapi_lists_endpoints_and_error_schema(server: Server) -> None:
     status, _, doc = server.request("GET", "/openapi.json")
     assert status == 200
-    assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz"}
+    assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz",
+                                 "/v1/realtime_sessions", "/v1/realtime_sessions/{session_id}", "/v1/avatars",
+                                 "/v1/avatars/{avatar_id}", "/v1/sessions/{session_id}/audio", "/v1/watch/config",
+                                 "/v1/watch/sessions", "/v1/watch/token"}  # + the watch page's (deployments.watch)
     assert set(doc["paths"]["/v1/sessions"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/sessions/{session_id}"]) == {"get", "delete"}
     post = doc["paths"]["/v1/sessions"]["post"]

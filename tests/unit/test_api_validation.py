@@ -228,7 +228,7 @@ def test_decoded_bytes_limit_and_messages() -> None:
 def test_scheduler_refusals_map_to_http(client: TestClient, sched: MemoryScheduler) -> None:
     sched.refuse = NoCapacity("API key has 2 live sessions, the limit is 2", 4.2, code="quota_exceeded")
     resp = client.post("/v1/sessions", json=body())
-    assert error_of(resp) == (503, "quota_exceeded", None) and resp.headers["retry-after"] == "5"
+    assert error_of(resp) == (429, "quota_exceeded", None) and resp.headers["retry-after"] == "5"
     sched.refuse = ApiError(503, "scheduler_unavailable", "down", retry_after_s=5)
     resp = client.post("/v1/sessions", json=body())
     assert error_of(resp) == (503, "scheduler_unavailable", None) and resp.headers["retry-after"] == "5"
@@ -254,7 +254,9 @@ def test_protocol_errors_have_the_error_shape(client: TestClient) -> None:
 
 def test_openapi_documents_routes_errors_and_limits(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
-    assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz"}
+    assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz",
+                                 "/v1/realtime_sessions", "/v1/realtime_sessions/{session_id}", "/v1/avatars",
+                                 "/v1/avatars/{avatar_id}"}
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     assert set(doc["components"]["schemas"]["ErrorDetail"]["properties"]) == {"code", "message", "field"}
     for path, method in (("/v1/sessions/{session_id}", "delete"), ("/v1/capacity", "get")):

@@ -26,6 +26,7 @@ import torch
 
 from kernels import qkv_prep, qkv_prep_ref, qkv_prep_triton
 from kernels._triton import interpreter_enabled
+from kernels.norm_silu import bias_add_ref, bias_add_triton, norm_silu_ref, norm_silu_triton
 from kernels.testing import make_qkv_prep_inputs, rel_err
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as the process started
@@ -41,7 +42,7 @@ def test_interpreted_suite_in_child_process() -> None:
     tail = (res.stdout + res.stderr)[-4000:]
     assert res.returncode == 0, tail
     summary = re.search(r"(\d+) passed", res.stdout)
-    assert summary and int(summary.group(1)) >= len(CASES), tail
+    assert summary and int(summary.group(1)) >= len(CASES) + len(NORM_CASES), tail
     assert not re.search(r"\d+ (failed|skipped|error)", res.stdout), tail
 
 
@@ -170,3 +171,62 @@ class TestQKVPrepTriton:
         q_ref = qkv_prep_ref(*args, kc_ref, vc_ref, 5, EPS)
         q = qkv_prep_triton(*args, inp.k_cache, inp.v_cache, 5, EPS, block_t=block_t, block_h=block_h)
         assert rel_err(q, q_ref) < 1e-6 and rel_err(inp.k_cache, kc_ref) < 1e-6 and torch.equal(inp.v_cache, vc_ref)
+
+
+NORM_CASES = [
+    # (B, c, T, h, w, window frames before the tail, residual, dtype)
+    (1, 4, 1, 3, 5, 0, False, torch.float32),
+    (1, 96, 4, 6, 7, 2, False, torch.bfloat16),
+    (2, 24, 2, 5, 3, 2, True, torch.float32),
+    (1, 384, 1, 4, 4, 2, True, torch.bfloat16),
+    (2, 3, 3, 2, 9, 1, False, torch.float16),
+]
+
+
+class TestNormSiluTriton:
+    """The decoder's fused norm + SiLU (+ residual) written into a window's tail, against its reference."""
+
+    __test__ = INTERPRETED
+
+    @pytest.mark.parametrize(("b", "c", "t", "h", "w", "past", "residual", "dtype"), NORM_CASES,
+                             ids=[f"B{n[0]}-c{n[1]}-T{n[2]}-{n[3]}x{n[4]}-past{n[5]}-res{int(n[6])}-{str(n[7])[6:]}"
+                                  for n in NORM_CASES])
+    def test_triton_matches_reference(self, b: int, c: int, t: int, h: int, w: int, past: int, residual: bool,
+                                      dtype: torch.dtype) -> None:
+        assert interpreter_enabled()
+        g = torch.Generator().manual_seed(c + t)
+        cl = torch.channels_last_3d
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g).to(dtype).contiguous(memory_format=cl)
+
+        x, res = rand(b, c, t, h, w), (rand(b, c, t, h, w) if residual else None)
+        weight = 1.0 + 0.3 * torch.randn(c, generator=g)
+        bias = torch.randn(c, generator=g).to(dtype) if residual else None  # the previous conv's, folded in
+        window = torch.full((b, c, past + t, h, w), float("nan"), dtype=dtype).contiguous(memory_format=cl)
+        window_ref = window.clone()
+        sums = (torch.empty_like(x), torch.empty_like(x)) if residual else (None, None)
+        norm_silu_triton(x, weight, 1e-6, out=window[:, :, past:], residual=res, sum_out=sums[0], bias=bias)
+        norm_silu_ref(x, weight, 1e-6, out=window_ref[:, :, past:], residual=res, sum_out=sums[1], bias=bias)
+        assert not window[:, :, past:].isnan().any()  # every element of the tail written
+        assert window[:, :, :past].isnan().all()  # the cache part untouched
+        assert rel_err(window[:, :, past:], window_ref[:, :, past:]) < REL_TOL[dtype]
+        if residual:
+            assert sums[0] is not None and sums[1] is not None and rel_err(sums[0], sums[1]) < REL_TOL[dtype]
+
+    @pytest.mark.parametrize("residual", [False, True])
+    def test_bias_add_in_place(self, residual: bool) -> None:
+        """A conv's bias (and a residual) added in one pass, in place over the conv's output."""
+        g = torch.Generator().manual_seed(3)
+        cl = torch.channels_last_3d
+        y = torch.randn(2, 12, 3, 4, 5, generator=g).contiguous(memory_format=cl)
+        res = torch.randn(2, 12, 3, 4, 5, generator=g).contiguous(memory_format=cl) if residual else None
+        bias = torch.randn(12, generator=g)
+        want = bias_add_ref(y, bias, res)
+        got = bias_add_triton(y, bias, res, out=y)
+        assert got is y and rel_err(y, want) < 1e-6
+
+    def test_rejects_a_non_channels_last_tensor(self) -> None:
+        x = torch.randn(1, 8, 2, 3, 3)  # contiguous NCDHW: channels are not innermost
+        with pytest.raises(ValueError, match="channels-last-3d"):
+            norm_silu_triton(x, torch.ones(8), 1e-6)

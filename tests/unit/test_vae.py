@@ -51,6 +51,34 @@ def test_streaming_equals_whole_sequence(decoder: CausalDecoder, chunk: int) -> 
     torch.testing.assert_close(_stream(decoder, z, chunk), whole, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+@torch.inference_mode()
+def test_window_state_equals_the_concatenating_path(decoder: CausalDecoder, chunk: int) -> None:
+    """The serving state (convs read windows written in place by the fused norm + SiLU) decodes a stream
+    exactly as the generic path does, chunk after chunk, and keeps the same caches."""
+    z = _latents(4 * chunk)
+    plain = decoder.init_state(1, *LATENT_HW, "cpu", torch.float32)
+    windowed = decoder.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=chunk)
+    assert windowed.windows is not None and plain.windows is None
+    ids = [w.data_ptr() for w in windowed.windows]
+    for i in range(0, z.shape[2], chunk):
+        want = decoder.decode_chunk(z[:, :, i : i + chunk], plain)
+        got = decoder.decode_chunk(z[:, :, i : i + chunk], windowed)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        for a, b in zip(windowed.caches, plain.caches, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert [w.data_ptr() for w in windowed.windows] == ids  # written in place, never reallocated
+    decoder.pad_output(8)  # conv_out with zero-padded output channels: same frames
+    try:
+        decoder.reset_state(windowed)
+        decoder.reset_state(plain)
+        first = z[:, :, :chunk]
+        torch.testing.assert_close(decoder.decode_chunk(first, windowed), decoder.decode_chunk(first, plain),
+                                   atol=1e-4, rtol=0)
+    finally:
+        decoder._out_weight = None
+
+
 @torch.inference_mode()
 def test_reset_state_makes_a_second_stream_equal_the_first(decoder: CausalDecoder) -> None:
     z = _latents(3)
@@ -93,7 +121,7 @@ def test_cpu_per_tap_convolution_equals_conv3d(kernel: tuple[int, int, int]) -> 
     conv = CausalConv3d(5, 6, kernel, scale=1, frames=1)
     x = torch.randn(2, 5, 4 + kernel[0] - 1, 7, 9)  # (B, cin, T + kt - 1, h, w); B = 2 takes the copying path
     expected = F.conv3d(x, conv.weight, conv.bias, padding=conv.padding)  # what runs on GPUs
-    torch.testing.assert_close(conv._conv_cpu(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(conv._conv_per_tap(x, conv.weight, conv.bias), expected, atol=1e-5, rtol=1e-5)
 
 
 @torch.inference_mode()

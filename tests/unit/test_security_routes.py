@@ -1,0 +1,224 @@
+"""Every route of the served app needs a key when keys are configured, except health and the watch page's
+static files; every gRPC method too. Also: the per-key quota answers 429 + Retry-After (gRPC:
+RESOURCE_EXHAUSTED + retry-after), CORS is off by default, and LiveKit credentials in a request never come
+back in a refusal. The app is built as the ingress builds it (`deployments.app._Ingress`), in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from fastapi.routing import APIRoute, APIWebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from test_api_grpc import Context
+from test_api_grpc import Scheduler as GrpcScheduler
+from test_api_validation import LIMITS, MemoryScheduler, b64, png
+
+from deployments.api import SessionFrontend, build_http_app
+from deployments.auth import OPEN_PATHS, OPEN_PREFIXES, WS_POLICY_VIOLATION, ApiKeys
+from deployments.grpc_service import CharactersGrpc, GrpcAbort
+from deployments.livekit.config import mint_token
+from deployments.proto import characters_pb2 as pb
+from deployments.types import NoCapacity
+from deployments.watch import WatchSettings, add_watch_routes
+
+KEY = "security-key-0123456789abcdef"
+ALLOWED_OPEN = {"/healthz", "/", "/watch"}  # health, and the watch page's redirect and files (no data)
+SECRET = "LK-SECRET-7f3a9c2e51d84b06a1-0123456789"  # a recognisable LiveKit API secret
+TOKEN = mint_token("devkey", SECRET, room="r", identity="character")  # a real JWT, signed with it
+
+
+@pytest.fixture()
+def sched() -> MemoryScheduler:
+    return MemoryScheduler()
+
+
+def served_app(sched: Any) -> Any:
+    frontend = SessionFrontend(sched, LIMITS)
+    app = add_watch_routes(build_http_app(frontend, ApiKeys.from_keys([("sec", KEY)])), frontend, WatchSettings())
+
+    @app.websocket("/v1/probe-ws")  # a WebSocket route, so the middleware's WebSocket branch is walked too
+    async def probe(ws: WebSocket) -> None:
+        await ws.accept()
+        await ws.send_text("hello")
+        await ws.close()
+
+    return app
+
+
+@pytest.fixture()
+def client(sched: MemoryScheduler) -> Iterator[TestClient]:
+    with TestClient(served_app(sched), raise_server_exceptions=False) as c:
+        yield c
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "x", path).replace(":path", "")
+
+
+def is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+def test_open_paths_are_only_health_and_the_watch_page() -> None:
+    assert set(OPEN_PATHS) == ALLOWED_OPEN and OPEN_PREFIXES == ("/watch/",)
+
+
+def test_every_route_needs_a_key(client: TestClient) -> None:
+    walked = 0
+    for route in client.app.routes:  # type: ignore[attr-defined]
+        if isinstance(route, WebSocketRoute | APIWebSocketRoute):
+            with pytest.raises(WebSocketDisconnect) as closed, client.websocket_connect(route.path) as ws:
+                ws.receive_text()
+            assert closed.value.code == WS_POLICY_VIOLATION, route.path
+            with client.websocket_connect(route.path, headers={"Authorization": f"Bearer {KEY}"}) as ws:
+                assert ws.receive_text() == "hello"
+            walked += 1
+            continue
+        assert isinstance(route, APIRoute | Route | Mount), route
+        path = concrete(route.path) + ("/" if isinstance(route, Mount) else "")
+        methods = sorted(getattr(route, "methods", None) or {"GET"})
+        for method in methods:
+            if is_open(path):
+                assert path in ALLOWED_OPEN or path.startswith("/watch/"), path
+                assert client.request(method, path).status_code != 401, path
+                continue
+            for header, code in ((None, "missing_api_key"), ("Bearer wrong-key-0123456789abc", "invalid_api_key"),
+                                 (f"Basic {KEY}", "missing_api_key")):
+                headers = {"Authorization": header} if header else {}
+                resp = client.request(method, path, headers=headers, json={})
+                assert resp.status_code == 401, (method, path, resp.status_code)
+                assert resp.headers["www-authenticate"] == "Bearer"
+                assert method == "HEAD" or resp.json()["error"]["code"] == code
+                assert "access-control-allow-origin" not in resp.headers  # CORS is off by default
+                assert KEY not in resp.text
+            walked += 1
+    assert walked >= 20  # native, Runway, watch, docs and schema routes, the WebSocket
+
+
+@pytest.mark.parametrize("path", ["/watch/../v1/capacity", "/watch/%2e%2e/v1/sessions", "/healthz/../v1/sessions",
+                                  "//v1/sessions", "/v1/sessions/", "/HEALTHZ", "/healthz?x=/v1/sessions"])
+def test_path_tricks_give_no_data_without_a_key(client: TestClient, path: str) -> None:
+    resp = client.get(path, follow_redirects=False)
+    assert resp.status_code in (401, 404, 307) or (path.startswith("/healthz") and resp.json() == {"status": "ok"}), (
+        path, resp.status_code, resp.text[:200])
+    if resp.status_code == 307:  # a redirect must land on a route that wants a key
+        assert client.get(resp.headers["location"]).status_code == 401
+
+
+def test_every_grpc_method_needs_a_key() -> None:
+    class Service(CharactersGrpc):
+        def __init__(self) -> None:
+            self.frontend = SessionFrontend(GrpcScheduler(), LIMITS)
+            self.keys = ApiKeys.from_keys([("sec", KEY)])
+
+    svc = Service()
+    methods = pb.DESCRIPTOR.services_by_name["Characters"].methods
+    assert {m.name for m in methods} == {"CreateSession", "GetSession", "ListSessions", "EndSession", "GetCapacity",
+                                         "StreamAudio"}
+
+    async def chunks() -> Any:
+        yield pb.AudioChunk(session_id="s")
+
+    async def call(name: str, ctx: Context) -> None:
+        if name == "StreamAudio":
+            with pytest.raises(GrpcAbort):
+                async for _ in svc.StreamAudio(chunks(), ctx):  # type: ignore[arg-type]
+                    pass
+            return
+        request = getattr(pb, methods[[m.name for m in methods].index(name)].input_type.name)()
+        await getattr(svc, name)(request, ctx)
+
+    for m in methods:
+        for metadata, code in (([], "missing_api_key"), ([("authorization", "Bearer wrong-0123456789abcdef")],
+                                                         "invalid_api_key")):
+            ctx = Context(metadata)
+            asyncio.run(asyncio.wait_for(call(m.name, ctx), 5))
+            assert ctx.code == grpc.StatusCode.UNAUTHENTICATED and ctx.details.startswith(code), (m.name, ctx.details)
+
+
+def test_quota_is_429_with_retry_after_over_http_and_resource_exhausted_over_grpc(
+        client: TestClient, sched: MemoryScheduler) -> None:
+    sched.refuse = NoCapacity("API key 'sec' has 2 live sessions, the limit is 2; end one first", 5.0,
+                              code="quota_exceeded")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    native = client.post("/v1/sessions", json={"avatar": {"image": b64(png())}}, headers=auth)
+    runway = client.post("/v1/realtime_sessions", headers=auth, json={
+        "model": "gwm1_avatars", "avatar": {"type": "runway-preset", "presetId": "sample-face"},
+        "livekit": {"url": "ws://127.0.0.1:7880", "token": TOKEN, "roomName": "r"}})
+    for resp in (native, runway):
+        assert resp.status_code == 429 and resp.headers["retry-after"] == "5", resp.text
+        assert resp.json()["error"]["code"] == "quota_exceeded" and "limit is 2" in resp.json()["error"]["message"]
+    doc = client.get("/openapi.json", headers=auth).json()
+    assert "Retry-After" in doc["paths"]["/v1/sessions"]["post"]["responses"]["429"]["headers"]
+
+    grpc_sched = GrpcScheduler()
+    grpc_sched.refuse = sched.refuse
+
+    class Service(CharactersGrpc):
+        def __init__(self) -> None:
+            self.frontend = SessionFrontend(grpc_sched, LIMITS)
+            self.keys = ApiKeys.from_keys([("sec", KEY)])
+
+    ctx = Context([("authorization", f"Bearer {KEY}")])
+    asyncio.run(Service().CreateSession(pb.CreateSessionRequest(image=png()), ctx))  # type: ignore[arg-type]
+    assert ctx.code == grpc.StatusCode.RESOURCE_EXHAUSTED and ctx.trailing == [("retry-after", "5")]
+    assert ctx.details.startswith("quota_exceeded: ")
+
+
+LIVEKIT_REFUSALS: list[dict[str, Any]] = [
+    {"kind": "livekit", "url": "ftp://nowhere", "roomName": "r", "token": TOKEN},
+    {"kind": "livekit", "url": "ws://127.0.0.1:1", "roomName": "", "token": TOKEN},
+    {"kind": "livekit", "url": "ws://127.0.0.1:1", "roomName": "r", "token": TOKEN, "apiKey": "k", "apiSecret": SECRET},
+    {"kind": "livekit", "url": "ws://127.0.0.1:1", "roomName": "r", "token": SECRET},  # not a JWT
+    {"kind": "livekit", "url": "ws://127.0.0.1:1", "roomName": "r", "apiKey": "k", "apiSecret": SECRET,
+     "identity": "bad identity!"},
+    {"kind": "livekit", "url": "ws://127.0.0.1:1", "roomName": "r", "token": TOKEN + "x" * 9000},
+    {"kind": "null", "token": TOKEN, "apiSecret": SECRET},
+    {"kind": "file", "path": "../x.mp4", "token": TOKEN},
+]
+
+
+@pytest.mark.parametrize("output", LIVEKIT_REFUSALS)
+def test_refusals_never_echo_livekit_credentials(client: TestClient, sched: MemoryScheduler,
+                                                 output: dict[str, Any]) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    resp = client.post("/v1/sessions", json={"avatar": {"image": b64(png())}, "output": output}, headers=auth)
+    assert resp.status_code == 422, resp.text
+    lk = {k: v for k, v in output.items() if k in ("url", "token", "roomName")}
+    runway = client.post("/v1/realtime_sessions", headers=auth, json={
+        "model": "gwm1_avatars", "avatar": {"type": "runway-preset", "presetId": "sample-face"},
+        "livekit": {"url": "ws://127.0.0.1:1", "roomName": "r", **lk, "token": output.get("token", SECRET)}})
+    for r in (resp, runway):
+        assert SECRET not in r.text and TOKEN.split(".")[2] not in r.text and TOKEN.split(".")[1] not in r.text, r.text
+    assert not sched.specs or runway.status_code == 200
+
+
+def test_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments.api import ApiConfig
+
+    monkeypatch.setenv("CHARACTERS_MAX_BODY_BYTES", "4096")
+    monkeypatch.setenv("CHARACTERS_MAX_IMAGE_PIXELS", "1024")
+    monkeypatch.setenv("CHARACTERS_CORS_ORIGINS", "https://a.example, https://b.example")
+    cfg = ApiConfig()
+    assert (cfg.max_body_bytes, cfg.max_image_pixels, cfg.cors_origins) == (4096, 1024, ("https://a.example",
+                                                                                         "https://b.example"))
+    assert ApiConfig(max_body_bytes=2048).max_body_bytes == 2048  # app args win
+    with TestClient(build_http_app(SessionFrontend(MemoryScheduler(), cfg))) as c:
+        assert c.post("/v1/sessions", content=b"x" * 5000).json()["error"]["code"] == "body_too_large"
+        assert c.post("/v1/sessions", json={"avatar": {"image": b64(png(40, 40))}}).json()["error"] == {
+            "code": "image_too_large", "field": "avatar.image",
+            "message": "is 40x40 = 1600 pixels, over the limit of 1024; downscale it"}
+    monkeypatch.setenv("CHARACTERS_MAX_BODY_BYTES", "10")
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        ApiConfig()
+    monkeypatch.setenv("CHARACTERS_MAX_BODY_BYTES", "lots")
+    with pytest.raises(ValueError, match="CHARACTERS_MAX_BODY_BYTES='lots' is invalid"):
+        ApiConfig()

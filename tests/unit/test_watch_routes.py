@@ -1,0 +1,243 @@
+"""The watch page's routes (deployments.watch) over a scheduler in memory, and the session stats they show:
+viewer tokens grant exactly join + subscribe on the session's room, agent audio over HTTP reaches the
+scheduler byte for byte, refusals take the API's error shape, the page's files need no API key."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from livekit import api as lkapi
+
+from characters.telemetry import StageTime
+from deployments import watch
+from deployments.api import ApiConfig, SessionFrontend, build_http_app
+from deployments.auth import ApiKeys
+from deployments.livekit.config import LiveKitOutput
+from deployments.session import StageWindow
+from deployments.types import Capacity, SessionEvent, SessionInfo, SessionSpec, SessionStatus, UnknownSession
+
+ASSETS = Path(__file__).resolve().parents[2] / "characters" / "assets"
+LK = watch.WatchSettings(url="ws://lk.internal:7880", public_url="wss://lk.example.org", api_key="APIkey123",
+                         api_secret="a-secret-of-32-characters-or-more!!")
+
+
+class Scheduler:
+    """The scheduler's interface in memory: records what the routes hand it."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, SessionSpec] = {}
+        self.audio: list[tuple[str, bytes, int, int]] = []
+        self.cleared: list[str] = []
+
+    async def create_session(self, spec: SessionSpec) -> SessionInfo:
+        self.specs[spec.session_id] = spec
+        return SessionInfo(spec.session_id, SessionStatus.STARTING, spec.preset)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        if session_id not in self.specs:
+            raise UnknownSession(session_id)
+        return SessionInfo(session_id, SessionStatus.RUNNING, "tiny")
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        return []
+
+    async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
+        return SessionInfo(session_id, SessionStatus.ENDED, "tiny", reason=reason)
+
+    async def capacity(self) -> Capacity:
+        return Capacity(1, 1, 0, 0)
+
+    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
+        await self.get_session(session_id)
+        self.audio.append((session_id, pcm, sample_rate, channels))
+
+    async def clear_audio(self, session_id: str) -> None:
+        await self.get_session(session_id)
+        self.cleared.append(session_id)
+
+    async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
+        return []
+
+
+def make_client(sched: Scheduler, settings: watch.WatchSettings, keys: ApiKeys | None = None,
+                **config: Any) -> TestClient:
+    frontend = SessionFrontend(sched, ApiConfig(**config))
+    return TestClient(watch.add_watch_routes(build_http_app(frontend, keys), frontend, settings))
+
+
+@pytest.fixture
+def sched() -> Scheduler:
+    return Scheduler()
+
+
+@pytest.fixture
+def client(sched: Scheduler) -> Iterator[TestClient]:
+    with make_client(sched, LK, max_audio_chunk_bytes=64 * 1024) as c:
+        yield c
+
+
+def face_b64() -> str:
+    return base64.b64encode((ASSETS / "sample_face.png").read_bytes()).decode()
+
+
+def wav_bytes(pcm: bytes, rate: int = 16000, channels: int = 1, width: int = 2) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return buf.getvalue()
+
+
+def test_config_says_whether_livekit_is_configured(sched: Scheduler) -> None:
+    with make_client(sched, watch.WatchSettings()) as off:
+        assert off.get("/v1/watch/config").json() == {"livekit": False, "url": None, "preset": "tiny", "width": 272,
+                                                       "height": 176, "fps": 24, "maxDuration": 3600.0}
+        r = off.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "livekit_not_configured"
+        assert "CHARACTERS_LIVEKIT_URL" in r.json()["error"]["message"] and not sched.specs
+    with make_client(sched, LK) as on:
+        assert on.get("/v1/watch/config").json()["url"] == "wss://lk.example.org"
+    bad = watch.WatchSettings(url="lk.internal:7880", public_url="lk.internal:7880", api_key="k", api_secret="s")
+    with make_client(sched, bad) as c:
+        r = c.post("/v1/watch/token", json={"roomName": "r"})
+        assert r.status_code == 503 and "CHARACTERS_LIVEKIT_URL 'lk.internal:7880'" in r.json()["error"]["message"]
+
+
+def test_watch_session_publishes_to_its_own_room_and_the_viewer_may_only_subscribe(
+        client: TestClient, sched: Scheduler) -> None:
+    r = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}, "maxDuration": 60})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    session_id, viewer = body["session"]["id"], body["viewer"]
+    assert r.headers["location"] == f"/v1/sessions/{session_id}" and body["session"]["status"] == "STARTING"
+    spec = sched.specs[session_id]
+    out = spec.output
+    assert isinstance(out, LiveKitOutput) and spec.max_duration_s == 60.0 and spec.image.shape == (176, 272, 3)
+    assert (out.url, out.api_key, out.api_secret, out.token) == (LK.url, LK.api_key, LK.api_secret, None)
+    assert out.room_name == viewer["roomName"] and out.room_name.startswith("watch-")
+    assert viewer["url"] == "wss://lk.example.org" and viewer["identity"].startswith("viewer-")
+    claims = lkapi.TokenVerifier(LK.api_key, LK.api_secret).verify(viewer["token"])
+    g = claims.video
+    assert claims.identity == viewer["identity"] and g is not None
+    assert (g.room_join, g.room, g.can_subscribe, g.can_publish, g.can_publish_data) == (
+        True, out.room_name, True, False, False)
+    again = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}}).json()
+    assert again["viewer"]["roomName"] != viewer["roomName"]  # a new room per session
+
+    tok = client.post("/v1/watch/token", json={"roomName": "someone-elses"}).json()
+    v = lkapi.TokenVerifier(LK.api_key, LK.api_secret).verify(tok["token"]).video
+    assert v is not None and (v.room, v.can_subscribe, v.can_publish, v.can_publish_data) == (
+        "someone-elses", True, False, False)
+
+
+def test_agent_audio_over_http_reaches_the_scheduler_intact(client: TestClient, sched: Scheduler) -> None:
+    sid = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}}).json()["session"]["id"]
+    speech = (ASSETS / "sample_speech.wav").read_bytes()
+    with wave.open(str(ASSETS / "sample_speech.wav")) as w:
+        pcm = w.readframes(w.getnframes())
+    assert client.post(f"/v1/sessions/{sid}/audio", content=speech,
+                       headers={"content-type": "audio/wav"}).status_code == 204
+    assert {(s, rate, ch) for s, _, rate, ch in sched.audio} == {(sid, 16000, 1)}
+    assert all(len(p) <= 64 * 1024 for _, p, _, _ in sched.audio) and len(sched.audio) == -(-len(pcm) // 65536)
+    assert b"".join(p for _, p, _, _ in sched.audio) == pcm  # split under max_audio_chunk_bytes, in order
+
+    sched.audio.clear()
+    stereo = np.arange(-600, 600, dtype="<i2").tobytes()
+    r = client.post(f"/v1/sessions/{sid}/audio?sampleRate=48000&channels=2", content=stereo)
+    assert r.status_code == 204 and sched.audio == [(sid, stereo, 48000, 2)]
+    assert client.delete(f"/v1/sessions/{sid}/audio").status_code == 204 and sched.cleared == [sid]
+
+
+@pytest.mark.parametrize(("path", "content", "status", "code", "field"), [
+    ("/v1/sessions/{sid}/audio", b"", 422, "invalid_field", "body"),
+    ("/v1/sessions/{sid}/audio", b"RIFF not a wav", 422, "invalid_field", "body"),
+    ("/v1/sessions/{sid}/audio", wav_bytes(b"\x80" * 100, width=1), 422, "invalid_field", "body"),
+    ("/v1/sessions/{sid}/audio?sampleRate=16000", b"\x00\x00", 422, "invalid_field", "channels"),
+    ("/v1/sessions/{sid}/audio?sampleRate=96000&channels=1", b"\x00\x00", 422, "invalid_field", "sample_rate"),
+    ("/v1/sessions/{sid}/audio?sampleRate=16000&channels=2", b"\x00\x00", 422, "invalid_field", "pcm"),
+    ("/v1/sessions/nope/audio", wav_bytes(b"\x00\x00"), 404, "session_not_found", "id"),
+])
+def test_agent_audio_refusals(client: TestClient, sched: Scheduler, path: str, content: bytes, status: int,
+                              code: str, field: str) -> None:
+    sid = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}}).json()["session"]["id"]
+    r = client.post(path.format(sid=sid), content=content)
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (status, code, field), r.text
+    assert sched.audio == []
+
+
+def test_page_files_are_open_the_api_needs_the_key(sched: Scheduler, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = ApiKeys.from_keys([("web", "k" * 24)])
+    (tmp_path / "index.html").write_text("<!doctype html><title>watch</title>")
+    monkeypatch.setattr(watch, "PAGE_DIR", tmp_path)
+    with make_client(sched, LK, keys) as c:
+        root = c.get("/", follow_redirects=False)
+        assert (root.status_code, root.headers["location"]) == (307, "/watch/")
+        assert c.get("/watch/").text == "<!doctype html><title>watch</title>"
+        face = c.get("/watch/samples/face.png")
+        assert face.status_code == 200 and face.content == (ASSETS / "sample_face.png").read_bytes()
+        assert c.get("/watch/samples/secrets.txt").status_code == 404
+        r = c.get("/v1/watch/config")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
+        assert c.get("/v1/watch/config", headers={"authorization": "Bearer " + "k" * 24}).status_code == 200
+        assert c.post("/v1/sessions/x/audio", content=b"\x00\x00").status_code == 401
+
+
+def test_an_unbuilt_page_says_how_to_build_it(sched: Scheduler, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch, "PAGE_DIR", tmp_path / "missing")
+    with make_client(sched, LK) as c:
+        r = c.get("/watch/")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "watch_page_not_built"
+        assert "npm ci && npm run build" in r.json()["error"]["message"]
+
+
+def test_stage_window_prefers_gpu_times_and_measures_the_handoff() -> None:
+    ms = 1_000_000
+    w = StageWindow(window=3)
+    for k, dit_ms in enumerate((30, 10, 20, 40)):  # the window keeps the last 3: 10, 20, 40 -> 20
+        base = k * 1000 * ms
+        w.add([StageTime(k, "dit", base, dit_ms * ms, "host"), StageTime(k, "decode", base + 45 * ms, 50 * ms, "host"),
+               StageTime(k, "publish", base + 100 * ms, 1 * ms, "host")], k)
+    assert w.p50() == {"dit": 20.0, "handoff": 25.0, "decode": 50.0, "publish": 1.0}
+    w.add([StageTime(3, "dit", 0, 7 * ms, "cuda"), StageTime(3, "cache_write", 0, 2 * ms, "cuda")], 4)
+    assert list(w.p50().items())[:2] == [("dit", 7.0), ("cache_write", 2.0)]  # GPU times win; pipeline order
+
+
+def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
+    from types import SimpleNamespace
+
+    from characters.audio import chunk_sample_range
+    from characters.config import session_config
+    from deployments.types import OutputSpec
+    from deployments.workers import ChunkInput, Frames, RoomWorker
+
+    cfg = session_config("tiny", "cpu", model={"generation": {"height": 64, "width": 96}})
+    room = RoomWorker(cfg)
+    room.open("s", OutputSpec("null"))
+    a, b = chunk_sample_range(0, 4)
+    inp, frames = ChunkInput("s", 0, np.zeros(b - a, np.float32)), Frames("s", 0, np.zeros((4, 64, 96, 3), np.uint8))
+    null = room.publish(inp, frames)
+    assert null.av_offset_s == 0.0 and null.buffer_s == pytest.approx(2 * 4 / 24)  # the meter's schedule
+    assert [t.stage for t in null.stages] == ["publish"]  # stamped with telemetry off too (SessionStats.stage_ms)
+
+    class LiveKitLike:  # what RoomWorker reads of a LiveKitSink: write/close and the room's latest snapshot
+        latest_stats = SimpleNamespace(playout=SimpleNamespace(buffered_s=0.375, av_offset_ms=-2.5))
+
+        def write(self, frames: np.ndarray, pcm: np.ndarray) -> None: ...
+
+        def close(self) -> None: ...
+
+    room.sink = LiveKitLike()
+    r = room.publish(ChunkInput("s", 1, np.zeros(b - a, np.float32)), Frames("s", 1, frames.frames))
+    assert (r.buffer_s, r.av_offset_s) == (0.375, -0.0025)
