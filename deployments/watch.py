@@ -221,6 +221,8 @@ def add_watch_routes(app: FastAPI, frontend: SessionFrontend, settings: WatchSet
             pcm, sample_rate, channels = wav_pcm(raw)
         else:
             pcm = raw
+        if channels not in (1, 2):  # checked again per piece by the frontend; here the split needs it
+            raise ApiError(422, ErrorCode.INVALID_FIELD, f"is {channels}; send mono (1) or stereo (2)", "channels")
         step = config.max_audio_chunk_bytes - config.max_audio_chunk_bytes % (2 * channels)
         for start in range(0, len(pcm), step):
             await frontend.push_audio(session_id, pcm[start:start + step], sample_rate, channels)

@@ -1,0 +1,113 @@
+"""Benchmark: one session's DiT in tensor parallel over NCCL (gloo on CPU), with and without its collectives.
+
+    python scripts/bench_tp.py --preset 57b --ranks 2 --device cuda     # needs 2 GPUs (nvidia-h200-x2)
+    python scripts/bench_tp.py --preset tiny --ranks 2                  # gloo on the CPU
+
+One process per rank (torch.multiprocessing), each on its own GPU, the model built with exactly that
+rank's share (seeded, TP-invariant init). Per rank, in turn: the step with its all-reduces (the serving
+path, CUDA graphs on GPUs) and the same rank with the all-reduces left out (`communicate=False`), so
+communication = the difference (nothing overlaps it: the collectives are not fused with the GEMMs).
+The floor is the rank's FLOPs at the bf16 matmul rate measured on its GPU. Writes JSON from rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from characters.config import session_config
+from characters.engine import DiTRunner
+from characters.flops import chunk_cost
+from scripts.bench_step import env_info, matmul_rate, timed
+
+
+def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool) -> list[float]:
+    if graphs:
+        runner.capture_graphs()
+    h, w = runner.cfg.model.latent_hw
+    runner.start(torch.zeros(1, runner.cfg.model.dit.latent_channels, h, w, device=device))
+    windows = runner.frontend.push(np.zeros(runner.frontend.expected_samples, dtype=np.float32)).copy()
+    for _ in range(runner.cfg.model.generation.ring_slots):  # steady state: the full context
+        runner.step_windows(windows)
+    return timed(lambda: runner.step_windows(windows), device, iters, warmup=2)
+
+
+def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (device README)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.ranks, **({"device_id": device} if cuda else {}))
+    try:
+        topo = {"name": f"tp{args.ranks}", "dit_ranks": args.ranks, "decoder_gpus": 0}
+        cfg = session_config(args.preset, topo, dtype="bfloat16" if cuda else "float32")
+        rows: dict[str, Any] = {}
+        for name, communicate in (("with_collectives", True), ("collectives_left_out", False)):
+            runner = DiTRunner(cfg, device=device, group=dist.group.WORLD, rank=rank, ranks=args.ranks,
+                               communicate=communicate)
+            times = step_ms(runner, device, args.iters, graphs=cuda and not args.no_graphs)
+            rows[name] = {"ms_p50": statistics.median(times), "ms_min": min(times), "ms_max": max(times)}
+            del runner
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+            dist.barrier()
+        if rank == 0:
+            rate = matmul_rate(device, torch.bfloat16 if cuda else torch.float32)
+            cost = chunk_cost(cfg)
+            comm = rows["with_collectives"]["ms_p50"] - rows["collectives_left_out"]["ms_p50"]
+            result = {"command": " ".join(["python", *sys.argv]), **env_info(device), "preset": args.preset,
+                      "ranks": args.ranks, "backend": "nccl" if cuda else "gloo", "graphs": cuda and not args.no_graphs,
+                      "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "rows": rows,
+                      "communication_ms": comm, "communication_share": comm / rows["with_collectives"]["ms_p50"],
+                      "floor_ms": cost.flops_per_chunk_per_rank / rate * 1e3, "matmul_tflops": rate / 1e12,
+                      "reference_ms": {"4xH100 fused (DESIGN.md)": 147.4, "4xH100 unfused": 159.3, "3xB200": 154.3}}
+            Path(out).write_text(json.dumps(result, indent=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        sys.exit(f"bench_tp: --ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
+                 f"{torch.cuda.device_count()}")
+    out = Path(args.out or f"benchmarks/tp_{args.preset}_{args.ranks}_{args.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.spawn(rank_main, args=(args, port, str(out)), nprocs=args.ranks, join=True)
+    r = json.loads(out.read_text())
+    print(f"{args.preset}, {args.ranks} ranks over {r['backend']}, {r['device']}")
+    for name, row in r["rows"].items():
+        ratio = row["ms_p50"] / r["floor_ms"]
+        print(f"{name:<22} {row['ms_p50']:9.2f} ms/chunk  floor {r['floor_ms']:.2f}  ratio {ratio:.2f}")
+    print(f"communication {r['communication_ms']:.2f} ms ({100 * r['communication_share']:.1f}%) -> {out}")
+
+
+if __name__ == "__main__":
+    main()
