@@ -39,8 +39,10 @@ speech arrives, was lost by the generator and counts as skipped (so its segment 
 Interruption. `clear(dropped)` (the generator dropped `dropped` queued samples): every unfinished
 segment finishes at once, interrupted. Speech already taken by the generator (in flight) is marked;
 chunks made from it, and queued chunks holding speech, are *blanked*: they keep their place and length
-on the timeline but show the last frame and play silence. Committed speech not yet played is muted
-the same way from the current play position (the caller must flush its audio queue:
+on the timeline but hold a frame and play silence. The held frame is, from the next frame on, the last
+one shown without speech (`hold_on_clear="rest"`: the character at rest, mouth closed, so it stops
+talking within a frame) until the first chunk generated after the clear arrives. Committed speech not
+yet played is muted the same way from the current play position (the caller must flush its audio queue:
 `ClearResult.flush_audio`). Keeping the timeline means the first chunk generated after the clear plays
 on its original schedule, with the jitter buffer's full slack (removing the gap would leave none).
 """
@@ -81,6 +83,10 @@ class PacingConfig(BaseModel):
     stale_speech_s: float = Field(default=5.0, gt=0, description="Speech not generated this long after it was "
                                   "sent is counted lost once a chunk without speech arrives.")
     stats_window_s: float = Field(default=2.0, gt=0, description="Window of the fps and A/V offset stats.")
+    hold_on_clear: Literal["rest", "last"] = Field(
+        default="rest", description="What blanked (interrupted) slots show until fresh frames arrive: 'rest', "
+        "the last frame shown without speech (the character at rest, mouth closed), or 'last', the last frame "
+        "shown (possibly mid-word).")
 
     @property
     def chunk_s(self) -> float:
@@ -150,6 +156,7 @@ class PlayoutStats:
     av_offset_max_ms: float  # largest |offset| over the stats window
     lost_speech_samples: int
     idle_after_clear_s: float | None  # last clear -> first new frame shown after it (None: none yet)
+    still_after_clear_s: float | None  # last clear -> first frame shown after it that is not speech
 
 
 # ------------------------------------------------------------------------------------------ internals
@@ -238,6 +245,10 @@ class Playout:
         self._offset_last = 0.0
         self._clear_at: float | None = None
         self._idle_after: float | None = None
+        self._rest: np.ndarray | None = None  # last frame shown that no speech played with
+        self._last_speech = False  # whether the frame held now was shown with speech
+        self._still_at: float | None = None
+        self._still_after: float | None = None
         self._deep_since: float | None = None
 
     # ----------------------------------------------------------------------------- speech ledger
@@ -311,6 +322,9 @@ class Playout:
                   for s in self._segments.values()]
         self._segments.clear()
         self._clear_at, self._idle_after = self.clock(), None
+        self._still_at, self._still_after = self._clear_at, None
+        if self.cfg.hold_on_clear == "rest" and self._rest is not None:
+            self._last, self._last_speech = self._rest, False  # held slots from the next frame on: at rest
         return ClearResult(events, flush, dropped)
 
     # ----------------------------------------------------------------------------- playout
@@ -371,7 +385,8 @@ class Playout:
             dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
             audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
             av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
-            lost_speech_samples=n["lost"], idle_after_clear_s=self._idle_after)
+            lost_speech_samples=n["lost"], idle_after_clear_s=self._idle_after,
+            still_after_clear_s=self._still_after)
 
     # ----------------------------------------------------------------------------- internals
     def _fs(self, v: int) -> int:
@@ -499,9 +514,13 @@ class Playout:
         self._v = v + 1
         fresh = slot.frame is not None
         if slot.frame is not None:
-            self._last = slot.frame
+            self._last, self._last_speech = slot.frame, bool(slot.plays)
+            if not slot.plays:
+                self._rest = slot.frame
             if self._clear_at is not None:
                 self._idle_after, self._clear_at = now - self._clear_at, None
+        if self._still_at is not None and self._last is not None and not self._last_speech:
+            self._still_after, self._still_at = now - self._still_at, None
         out: list[VideoOut | SegmentEvent] = []
         if self._last is None:
             return out  # nothing shown yet: nothing to hold

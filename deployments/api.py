@@ -334,9 +334,10 @@ def check_session_id(session_id: str, field: str = "id") -> str:
 class SessionFrontend:
     """Validation and scheduler calls shared by the HTTP and gRPC front doors."""
 
-    def __init__(self, scheduler: Scheduler, config: ApiConfig) -> None:
+    def __init__(self, scheduler: Scheduler, config: ApiConfig, avatars: AvatarRegistry | None = None) -> None:
         self.scheduler, self.config = scheduler, config
-        self.avatars = AvatarRegistry()  # POST /v1/avatars (per replica: see AvatarRegistry)
+        # POST /v1/avatars: in this process by default; Serve passes the service-wide one (deployments.avatars)
+        self.avatars = avatars or AvatarRegistry()
 
     def resolve_preset(self, preset: str | None) -> str:
         name = preset or self.config.presets[0]

@@ -41,6 +41,7 @@ from ray.serve.deployment import Deployment
 from deployments import telemetry, telemetry_http
 from deployments.api import ApiConfig, SessionFrontend, build_http_app
 from deployments.auth import ApiKeys
+from deployments.avatars import SharedAvatars
 from deployments.errors import ApiError, ErrorCode
 from deployments.grpc_service import GRPC_SERVICER_FUNCTIONS, CharactersGrpc
 from deployments.settings import ServiceConfig
@@ -135,7 +136,7 @@ class _Ingress(CharactersGrpc):
         self.telemetry = telemetry.setup("ingress")  # OTEL_* of this replica's process (off by default)
         self.keys = ApiKeys.from_env()
         self.scheduler = ActorScheduler(service)
-        self.frontend = SessionFrontend(self.scheduler, api)
+        self.frontend = SessionFrontend(self.scheduler, api, SharedAvatars())  # avatars shared by all replicas
         logger.info("characters ingress: preset %s, API keys %s", service.preset,
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
 

@@ -188,37 +188,73 @@ class Avatar:
         return AvatarOut(id=self.id, name=self.name, width=w, height=h, created_at=_iso(self.created_at))
 
 
-class AvatarRegistry:
-    """Registered reference images, in memory, at most `max_avatars` (oldest unused first out is *not*
-    done: a full registry refuses). Thread-safe. Per ingress replica: with several replicas, register
-    and use an avatar through the same one (or move this into the scheduler)."""
+class AvatarStore:
+    """Registered reference images, in memory, at most `max_avatars` (a full store refuses; nothing is
+    evicted). Thread-safe; raises nothing (it also runs inside the shared actor, `deployments.avatars`)."""
 
     def __init__(self, max_avatars: int = 256) -> None:
         self.max_avatars = max_avatars
         self._avatars: OrderedDict[str, Avatar] = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, image: np.ndarray, name: str | None, now: float) -> Avatar:
+    def add(self, image: np.ndarray, name: str | None, now: float) -> Avatar | None:
+        """The new avatar, or None when the store is full."""
         with self._lock:
             if len(self._avatars) >= self.max_avatars:
-                raise ApiError(422, ErrorCode.REJECTED, f"the avatar registry is full ({self.max_avatars} avatars); "
-                               "delete unused ones with DELETE /v1/avatars/{id}")
+                return None
             avatar = Avatar(uuid.uuid4().hex, name, image, now)
             self._avatars[avatar.id] = avatar
             return avatar
 
-    def get(self, avatar_id: str, field: str = "id") -> Avatar:
+    def get(self, avatar_id: str) -> Avatar | None:
         with self._lock:
-            avatar = self._avatars.get(avatar_id)
+            return self._avatars.get(avatar_id)
+
+    def delete(self, avatar_id: str) -> bool:
+        with self._lock:
+            return self._avatars.pop(avatar_id, None) is not None
+
+
+class AvatarRegistry:
+    """`/v1/avatars` as the routes see it: async, refusals as ApiErrors. Over an in-process `AvatarStore`
+    by default (one process: tests, a single replica); `deployments.avatars.SharedAvatars` backs it with
+    one actor for the whole service, so an avatar registered through one ingress replica is usable
+    through every other."""
+
+    def __init__(self, max_avatars: int = 256) -> None:
+        self.max_avatars = max_avatars
+        self._store = AvatarStore(max_avatars)
+
+    async def _add(self, image: np.ndarray, name: str | None, now: float) -> Avatar | None:
+        return self._store.add(image, name, now)
+
+    async def _get(self, avatar_id: str) -> Avatar | None:
+        return self._store.get(avatar_id)
+
+    async def _delete(self, avatar_id: str) -> bool:
+        return self._store.delete(avatar_id)
+
+    async def add(self, image: np.ndarray, name: str | None, now: float) -> Avatar:
+        avatar = await self._add(image, name, now)
         if avatar is None:
-            raise ApiError(404 if field == "id" else 422, "avatar_not_found",
-                           f"no avatar with id {avatar_id[:128]!r}; register the image with POST /v1/avatars", field)
+            raise ApiError(422, ErrorCode.REJECTED, f"the avatar registry is full ({self.max_avatars} avatars); "
+                           "delete unused ones with DELETE /v1/avatars/{id}")
         return avatar
 
-    def delete(self, avatar_id: str) -> None:
-        self.get(avatar_id)
-        with self._lock:
-            self._avatars.pop(avatar_id, None)
+    async def get(self, avatar_id: str, field: str = "id") -> Avatar:
+        avatar = await self._get(avatar_id)
+        if avatar is None:
+            raise _avatar_not_found(avatar_id, field)
+        return avatar
+
+    async def delete(self, avatar_id: str) -> None:
+        if not await self._delete(avatar_id):
+            raise _avatar_not_found(avatar_id, "id")
+
+
+def _avatar_not_found(avatar_id: str, field: str) -> ApiError:
+    return ApiError(404 if field == "id" else 422, "avatar_not_found",
+                    f"no avatar with id {avatar_id[:128]!r}; register the image with POST /v1/avatars", field)
 
 
 @cache
@@ -236,14 +272,14 @@ def preset_face(preset_id: str, height: int, width: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------- routes
 
 
-def realtime_spec(frontend: SessionFrontend, body: RealtimeSessionIn, api_key_id: str | None = None,
-                  trace_context: dict[str, str] | None = None) -> SessionSpec:
+async def realtime_spec(frontend: SessionFrontend, body: RealtimeSessionIn, api_key_id: str | None = None,
+                        trace_context: dict[str, str] | None = None) -> SessionSpec:
     """The session a Runway-compatible request asks for: the avatar's image at the served preset's
     resolution, the request's LiveKit room, maxDuration (default 300 s) under the server's limit."""
     preset, limit = frontend.resolve_preset(None), frontend.config.max_duration_s
     gen = MODEL_PRESETS[preset].generation
     if body.avatar.type == "custom":
-        image = frontend.avatars.get(body.avatar.avatar_id, "avatar.avatarId").image
+        image = (await frontend.avatars.get(body.avatar.avatar_id, "avatar.avatarId")).image
     else:
         image = preset_face(body.avatar.preset_id, gen.height, gen.width)
     max_duration = float(body.max_duration or min(DEFAULT_MAX_DURATION_S, limit))
@@ -272,7 +308,7 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
                               x_runway_version: str | None = Header(default=None)) -> RealtimeSessionOut:
         check_request(body, x_runway_version)
         trace = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
-        spec = realtime_spec(frontend, body, key_id(request), trace)
+        spec = await realtime_spec(frontend, body, key_id(request), trace)
         return RealtimeSessionOut.of(await frontend.submit(spec))
 
     @app.get("/v1/realtime_sessions/{session_id}", response_model=RealtimeSessionOut, **route,
@@ -291,17 +327,17 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
     async def create_avatar(body: AvatarCreateIn, response: Response) -> AvatarOut:
         raw = await asyncio.to_thread(decode_base64_image, body.image, config, "image")
         image = await asyncio.to_thread(load_avatar, raw, frontend.resolve_preset(None), config, "image")
-        avatar = frontend.avatars.add(image, body.name, time.time())
+        avatar = await frontend.avatars.add(image, body.name, time.time())
         response.headers["Location"] = f"/v1/avatars/{avatar.id}"
         return avatar.out()
 
     @app.get("/v1/avatars/{avatar_id}", response_model=AvatarOut, **route,
              responses=error_responses(401, 404, 422), summary="Get a registered avatar")
     async def get_avatar(avatar_id: str) -> AvatarOut:
-        return frontend.avatars.get(avatar_id).out()
+        return (await frontend.avatars.get(avatar_id)).out()
 
     @app.delete("/v1/avatars/{avatar_id}", status_code=204, **route,
                 responses=error_responses(401, 404, 422), summary="Delete a registered avatar")
     async def delete_avatar(avatar_id: str) -> Response:
-        frontend.avatars.delete(avatar_id)
+        await frontend.avatars.delete(avatar_id)
         return Response(status_code=204)

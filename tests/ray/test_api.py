@@ -184,7 +184,8 @@ def server() -> Iterator[Server]:
         srv = Server(free_port(), free_port())
         serve.start(http_options={"host": "127.0.0.1", "port": srv.http_port},
                     grpc_options={"port": srv.grpc_port, "grpc_servicer_functions": list(GRPC_SERVICER_FUNCTIONS)})
-        serve.run(build_app({"api": {**LIMITS, "max_duration_s": 600}, "ingress": {"num_cpus": 0.1}}),
+        ingress = {"num_cpus": 0.1, "num_replicas": 2}  # two replicas: the avatar registry is shared
+        serve.run(build_app({"api": {**LIMITS, "max_duration_s": 600}, "ingress": ingress}),
                   name=APP_NAME, route_prefix="/")
         yield srv
         srv.channel.close()
@@ -238,6 +239,25 @@ GRPC_AUTH = [("authorization", f"Bearer {KEY}")]
 # --------------------------------------------------------------------------------------------- HTTP
 
 
+def test_avatars_are_shared_by_every_ingress_replica(server: Server) -> None:
+    """Registered through one replica, found (and deleted) through any: Serve routes each request to one of
+    the two replicas, so with a registry per replica about half of these lookups would miss."""
+    assert serve.status().applications[APP_NAME].deployments["CharactersIngress"].replica_states == {"RUNNING": 2}
+    ids = []
+    for i in range(4):
+        status, _, avatar = server.request("POST", "/v1/avatars", {"image": b64(png()), "name": f"a{i}"})
+        assert status == 201, avatar
+        ids.append(avatar["id"])
+    for _ in range(4):
+        for i, avatar_id in enumerate(ids):
+            status, _, got = server.request("GET", f"/v1/avatars/{avatar_id}")
+            assert status == 200 and got["name"] == f"a{i}" and (got["width"], got["height"]) == (272, 176), got
+    assert server.request("DELETE", f"/v1/avatars/{ids[0]}")[0] == 204
+    for _ in range(6):
+        status, _, err = server.request("GET", f"/v1/avatars/{ids[0]}")
+        assert status == 404 and err["error"]["code"] == "avatar_not_found"
+
+
 def test_create_get_list_delete(server: Server) -> None:
     status, headers, body = server.request("POST", "/v1/sessions", create_body(seed=7))
     assert status == 201, body
@@ -246,7 +266,8 @@ def test_create_get_list_delete(server: Server) -> None:
     assert body["status"] == "STARTING" and body["preset"] == "tiny" and body["warmStart"] is False
     assert set(body) == {"id", "status", "preset", "reason", "createdAt", "startedAt", "endedAt", "queuePosition",
                          "warmStart", "stats"}
-    assert set(body["stats"]) == {"chunks", "frames", "fps", "lateChunks", "stepMsP50", "stepMsP95", "audioQueuedS"}
+    assert set(body["stats"]) == {"chunks", "frames", "fps", "lateChunks", "stepMsP50", "stepMsP95", "audioQueuedS",
+                                  "bufferMs", "avOffsetMs", "stageMs"}
     # The scheduler got the image decoded at the preset's resolution, and the key's id (not the key).
     shape, red = ray.get(fake().image_of.remote(sid))
     assert shape == (176, 272, 3) and red == 200
@@ -371,7 +392,8 @@ def test_openapi_lists_endpoints_and_error_schema(server: Server) -> None:
     assert "Retry-After" in post["responses"]["503"]["headers"]
     schemas = doc["components"]["schemas"]
     assert "HTTPValidationError" not in schemas
-    assert set(schemas["CreateSessionRequest"]["properties"]) == {"avatar", "preset", "maxDuration", "output", "seed"}
+    assert set(schemas["CreateSessionRequest"]["properties"]) == {"avatar", "preset", "maxDuration", "output", "seed",
+                                                                  "recover"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 

@@ -410,6 +410,41 @@ def test_clear_interrupts_drops_queued_and_inflight_speech_and_returns_to_idle()
     assert not any(isinstance(o, SegmentEvent) for _, o in after)  # nothing more for the cleared segment
 
 
+@pytest.mark.parametrize("hold", ["rest", "last"])
+def test_clear_shows_the_character_at_rest_from_the_next_frame(hold: str) -> None:
+    """Idle chunks 0-1, then speech in 2-4; a clear while chunk 2 plays: from the next frame on, the held
+    frame is the last one shown without speech (chunk 1's last frame), not the frame of the cut word."""
+    p, clock = make(hold_on_clear=hold)  # type: ignore[arg-type]
+    run = Run(p, clock)
+    t = clock.t
+    s2, s5 = chunk_sample_range(2, F)[0], chunk_sample_range(5, F)[0]
+    run.arrivals += [(t + k * T, k, 0) for k in range(2)]
+    run.until(t + 2 * T - 0.01)
+    p.speech_open("a")
+    p.speech_sent("a", s5 - s2)
+    p.speech_ended("a")
+    run.arrivals += [(t + k * T, k, None) for k in range(2, 5)]
+    run.until(t + 3 * T + 0.03)  # chunk 2 (speech) playing, chunk 3 queued, chunk 4 in flight
+    speaking = run.video()[-1]
+    rest_value = (F * 1 + F - 1) % 251 + 1  # chunk 1's last frame
+    assert speaking.fresh and int(speaking.frame[0, 0, 0]) != rest_value
+    t_clear = clock.t
+    run.clear(0)
+    run.arrivals += [(t + k * T, k, 0) for k in range(5, 9)]
+    run.until(t + 2.0)
+    after = [(tt, o) for tt, o in run.out if tt >= t_clear and isinstance(o, VideoOut)]
+    first_fresh = next(tt for tt, o in after if o.fresh)
+    held = [int(o.frame[0, 0, 0]) for tt, o in after if tt < first_fresh]
+    st = p.stats()
+    assert held and st.still_after_clear_s is not None and st.idle_after_clear_s is not None
+    if hold == "rest":
+        assert set(held) == {rest_value}
+        assert st.still_after_clear_s <= 1 / 24 + 1e-9 < st.idle_after_clear_s
+    else:
+        assert set(held) == {int(speaking.frame[0, 0, 0])}
+        assert st.still_after_clear_s == st.idle_after_clear_s  # still only once fresh idle frames come
+
+
 def test_after_clear_a_new_segment_is_attributed_exactly() -> None:
     p, clock = make()
     run = Run(p, clock)
