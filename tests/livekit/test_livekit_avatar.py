@@ -138,14 +138,16 @@ def test_clear_buffer_interrupts_and_the_next_segment_plays_in_full(livekit_serv
         assert ev.interrupted and 1.5 < ev.playback_position < 3.5
         assert t_finished - t_clear < 0.5, "playback_finished answers the clear at once (the agent waits <= 2 s)"
         assert len(call.session.clears) == 1 and call.session.clears[0][1] > 3 * SR and queued_after == 0
-        idle = stats.playout.idle_after_clear_s
+        idle, still = stats.playout.idle_after_clear_s, stats.playout.still_after_clear_s
         assert idle is not None and idle < (DEPTH + 2) * CHUNK_S + 0.1  # in-flight chunks + the jitter buffer
+        assert still is not None and still < 0.1  # the next frame shows the character at rest (one frame: 42 ms)
         # what the viewer hears: the speech stops, silence follows (the audio source's queue was flushed)
         after = viewer.rms(t_clear + 0.5, t_clear + 1.5)
         before = viewer.rms(t_clear - 1.5, t_clear)
         assert max(after) < 0.01 < max(before)
         assert not ev2.interrupted and ev2.playback_position == pytest.approx(1.0, abs=1e-3)
-        print(f"clear -> playback_finished {t_finished - t_clear:.3f} s, -> first idle frame {idle:.3f} s")
+        print(f"clear -> playback_finished {t_finished - t_clear:.3f} s, -> at rest {still:.3f} s, "
+              f"-> first new idle frame {idle:.3f} s")
 
     asyncio.run(main())
 
