@@ -6,14 +6,15 @@ scheduler lists the placement groups (`ray.util.placement_group_table`) and the 
 (`ray.util.list_named_actors(all_namespaces=True)`) and, for each group named `<slot_id>@<itself>`:
 
     CREATED, every worker found by name, every DiT/decoder stage done, the room answering,
-    and at least one session actor answering `describe()`              -> adopted (`Found`)
-    anything else (pending group, a worker missing or dead, still warming, no session actor)
-                                                                      -> removed (group and actors)
+    and its one session actor (the slot's driver) answering `describe()`  -> adopted (`Found`)
+    anything else (pending group, a worker missing or dead, still warming, no session actor
+    or more than one)                                                    -> removed (group and actors)
 
 An adopted slot holds its whole bundle in the new ledger before any request is decided, so a
-restarted scheduler never admits onto a bundle that a surviving session holds. Its session actors
-say what they run: nothing (a standby: the slot is free), a live session (the slot is leased to it;
-the scheduler waits on `SessionActor.outcome()`), or an ended one (its outcome is recorded).
+restarted scheduler never admits onto a bundle that a surviving session holds. Its driver says what
+it runs: nothing (the slot is free), a live session (the slot is leased to it; the scheduler waits
+on `SessionActor.outcome(session_id)`), or an ended one the old scheduler never took (its outcome is
+recorded; the slot was never reset, so it is removed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -47,10 +48,11 @@ class Unusable(RuntimeError):
 
 @dataclass
 class Found:
-    """An adopted slot and its session actors with what each said (`SessionActor.describe()`)."""
+    """An adopted slot, and what its driver said of the session it runs or ran (`SessionActor.describe()`;
+    None: the slot is free)."""
 
     slot: Slot
-    sessions: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # ran or runs a session
+    session: dict[str, Any] | None = None
 
 
 @dataclass
@@ -100,19 +102,15 @@ async def _adopt(slot_id: str, pg: PlacementGroup, state: str, spec: PlacementSp
     if warming:
         raise Unusable(f"workers {warming} had not finished warming up ({stages[warming[0]]})")
     await room.ping.remote()
-    handles = [actor(n) for n in session_actors_of(slot_id, names)]
-    described = list(await asyncio.gather(*(h.describe.remote() for h in handles)))
-    if not described:
-        raise Unusable("it has no session actor (the scheduler died while handing it over)")
-    ran = [(h, d) for h, d in zip(handles, described, strict=True) if d["spec"] is not None]
-    standby = [h for h, d in zip(handles, described, strict=True) if d["spec"] is None]
-    for extra in standby[1:]:
-        with contextlib.suppress(RayError, ValueError):
-            ray.kill(extra, no_restart=True)
+    drivers = session_actors_of(slot_id, names)
+    if len(drivers) != 1:
+        raise Unusable(f"it has {len(drivers)} session actors; a slot has one, its driver")
+    driver = actor(drivers[0])
+    described = await driver.describe.remote()
     slot = Slot(slot_id, spec, pg, dits, decoder, room, node_id=await asyncio.to_thread(node_of, pg),
-                device=described[0]["workers"].device, standby=standby[0] if standby else None,
+                device=described["workers"].device, driver=driver,
                 stages={f"dit{r}": s for r, s in enumerate(stages[:-1])} | {"decoder": stages[-1]})
-    return Found(slot, ran)
+    return Found(slot, described if described["spec"] is not None else None)
 
 
 def scrap(slot_id: str, pg: PlacementGroup, names: list[str]) -> None:

@@ -1,6 +1,7 @@
 """The chunk loop: a Ray Compiled Graph over one slot's workers, and the paced loop that drives it.
 
-Graph (built once per session by `CompiledPipeline`, torn down at its end; the actors stay warm):
+Graph (compiled once per slot by `CompiledPipeline`, in the slot's SessionActor, and kept for every
+session the slot serves; torn down only with the slot):
 
     InputNode: ChunkInput(session, k, pcm)
       ├─> DiTWorker[0].step ── Latents (handoff.bind: NCCL on GPUs, shared memory on CPUs) ──┐
@@ -19,14 +20,20 @@ API (`execute_async`) resolves a failed execution with a `RayChannelError` *valu
 `CompiledDAGFuture.__await__` then tries to iterate (TypeError), losing which actor died; the
 synchronous `CompiledDAGRef.get` raises `ActorDiedError` naming the actor within milliseconds.
 
+Why once per slot: in Ray 2.60 every compiled graph allocates its channels as mutable objects in the
+object store that its teardown never frees (there is no call to unregister them), and every worker
+keeps their pages mapped: a graph per session left ~1.4-3.8 MB in each worker process and ~11 MB
+of pinned object store per session. One graph per slot costs that once. Between sessions the
+workers get their session state through plain actor calls (start, open, reset), which run on the
+actors' default thread while the graph's loop waits on its input channel; the session id travels
+with every chunk, so a chunk of another session fails loudly (`SessionMismatch`).
+
 `ActorCallPipeline` is the same interface over plain actor calls (`graph="actor_calls"`), kept as the
 fallback and as the baseline the benchmark compares against.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,8 +46,6 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayChannelTimeoutErro
 from deployments import handoff
 from deployments.handoff import ResolvedTransport
 from deployments.workers import ChunkInput, ChunkReport
-
-log = logging.getLogger(__name__)
 
 
 class ChunkFailure(RuntimeError):
@@ -79,7 +84,8 @@ class Pipeline(Protocol):
 
     def fetch(self, timeout_s: float) -> ChunkReport: ...  # the oldest chunk in flight
 
-    def close(self) -> bool: ...  # True: torn down cleanly, the workers may serve another session
+    def close(self) -> bool: ...  # the session is done with it; True: nothing left in flight, it and the
+    #                                workers may serve another session
 
 
 @dataclass(frozen=True)
@@ -115,13 +121,15 @@ class Workers:
 
 
 class CompiledPipeline:
-    """The chunk graph compiled with `ray.dag` (see the module docstring)."""
+    """The chunk graph compiled with `ray.dag` (see the module docstring): one per slot, driven by the
+    slot's SessionActor for session after session (`close` ends one). It is never torn down on its own:
+    the slot's actors are killed with it (teardown would wait on them, up to `teardown_timeout_s`)."""
 
     def __init__(self, workers: Workers, *, depth: int, buffer_bytes: int, teardown_timeout_s: int) -> None:
         from ray.dag import DAGContext, InputNode
 
-        self.workers, self.teardown_timeout_s = workers, teardown_timeout_s
-        DAGContext.get_current().teardown_timeout = teardown_timeout_s  # RAY_CGRAPH_teardown_timeout
+        self.workers = workers
+        DAGContext.get_current().teardown_timeout = teardown_timeout_s  # RAY_CGRAPH_teardown_timeout (at exit)
         with InputNode() as inp:
             outs = [w.step.bind(inp) for w in workers.dits]
             latents = handoff.bind(outs[0], workers.transport)
@@ -133,32 +141,33 @@ class CompiledPipeline:
         except RayError as err:
             raise classify(err) from err
         self.refs: deque[Any] = deque()
+        self.failed = False  # an execution failed: the graph is out of step for good
 
     def submit(self, inp: ChunkInput) -> None:
         try:
             self.refs.append(self.dag.execute(inp))
         except RayError as err:
+            self.failed = True
             raise self.workers.diagnose(classify(err)) from err
 
     def fetch(self, timeout_s: float) -> ChunkReport:
         try:
             return self.refs.popleft().get(timeout=timeout_s)
         except RayError as err:
+            self.failed = True
             raise self.workers.diagnose(classify(err)) from err
 
+    def alive(self) -> bool:
+        """Is every actor's graph loop still running? (One ends only when the graph breaks: an actor
+        died, or Ray's monitor tore the graph down; the slot is then of no further use.)"""
+        ready, _ = ray.wait(list(self.dag.worker_task_refs.values()), timeout=0)
+        return not ready and not self.failed
+
     def close(self) -> bool:
-        """Tear the graph down, keeping the actors (a returned slot serves the next session). A
-        teardown that fails or runs into its timeout leaves the workers suspect: False, and the
-        scheduler then removes the slot. The channel buffers are sized to a whole chunk's frames, so
-        no message resizes them (the ~1 MB teardown hang in NOTES.md comes with resized buffers)."""
-        self.refs.clear()
-        t0 = time.monotonic()
-        try:
-            self.dag.teardown(kill_actors=False)
-        except RayError as err:  # a dead actor: the slot is removed anyway
-            log.warning("compiled graph teardown: %s", classify(err))
-            return False
-        return time.monotonic() - t0 < self.teardown_timeout_s
+        """End a session on the graph, keeping it for the next one: True when every chunk submitted was
+        fetched and none failed (the channels are empty). False otherwise: the scheduler then removes
+        the slot with its actors (unfetched refs are kept: dropping one waits on its result buffer)."""
+        return not self.refs and not self.failed
 
 
 class ActorCallPipeline:

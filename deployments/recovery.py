@@ -10,11 +10,12 @@ fails because a worker died (or timed out), the actor hands the scheduler a `Res
     pending   audio taken for chunks that were never published, then whatever was still queued
 
 The scheduler removes the broken slot, takes a free warm slot (else builds a cold one when a whole
-bundle is free, else the session fails for good) and starts a new SessionActor there with the
-`Resume`. Before the chunk graph starts, `prime` replays the `prime` audio through every DiT rank and
-the decoder (frames discarded): the KV cache ring and the decoder's temporal state hold the last
-chunks' context again, conditioned on the same reference. The viewer then gets chunk `chunks`, with
-`pending` played first, so no speech is lost (chunks in flight at the failure are regenerated).
+bundle is free, else the session fails for good) and starts the session on that slot's SessionActor
+with the `Resume`. Before its first chunk enters the slot's graph, `prime` replays the `prime` audio
+(plain actor calls) through every DiT rank and the decoder (frames discarded): the KV cache ring and
+the decoder's temporal state hold the last chunks' context again, conditioned on the same reference.
+The viewer then gets chunk `chunks`, with `pending` played first, so no speech is lost (chunks in
+flight at the failure are regenerated).
 
 If the SessionActor itself died, its history died with it: the session resumes from its reference
 alone, at the chunk after the last one the scheduler heard of. A `worker_error` (a task raised) is

@@ -4,11 +4,13 @@ A slot is built in the worker stages' order (STYLE 6) and is ready only when eve
 
     reserve placement group (STRICT_PACK, from bundles_for) -> create actors, one per role, in their bundles
     -> init_device (all) -> init_process_group (DiT ranks; rank 0 picks the port) -> load_weights (all)
-    -> warm_up (all at once: DiT ranks all-reduce)
+    -> warm_up (all at once: DiT ranks all-reduce) -> the session actor compiles the chunk graph
 
 Any failure or timeout on the way destroys what was made (actors killed, placement group removed).
-The slot also holds a *standby* SessionActor (room bundle), started with the slot and again each
-time the slot is returned, so a session never waits for a Python process to start.
+The slot's *driver* is a SessionActor (room bundle), started with the slot and kept as long as it:
+it holds the slot's compiled chunk graph and drives the slot's sessions one after another, so a
+session waits neither for a Python process to start nor for a graph to compile, and no graph is
+compiled (and leaked: `deployments.pipeline`) per session.
 
 Slots outlive the scheduler that made them: the placement group and every actor are detached, named
 by `placement.names` (group `<slot_id>@<scheduler>`, actors `<slot_id>.<role>`), so a scheduler
@@ -73,13 +75,14 @@ class Slot:
     device: str = "cpu"
     stages: dict[str, dict[str, float]] = field(default_factory=dict)
     build_s: float = 0.0
-    standby: Any = None  # a started SessionActor for the next session (one per session, made ahead)
+    driver: Any = None  # the slot's SessionActor: holds its compiled graph, drives its sessions one at a time
 
     def actors(self) -> list[Any]:
+        """The workers (DiT ranks, decoder, room)."""
         return [*self.dits, self.decoder, self.room]
 
     def describe(self) -> dict[str, Any]:
-        return {"pg_id": self.pg.id.hex(), "actors": self.actors(), "standby": self.standby, "stages": self.stages,
+        return {"pg_id": self.pg.id.hex(), "actors": self.actors(), "driver": self.driver, "stages": self.stages,
                 "build_s": self.build_s, "device": self.device}
 
     def workers(self, service: ServiceConfig) -> Workers:
@@ -144,14 +147,14 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
         slot.device = devices[0]
         _span_since(N.SLOT_ACTORS, started_ns, trace, slot_id)  # process start and imports, up to init_device
-        slot.standby = session_actor(slot, cfg, service)  # starts while the workers load and warm up
+        slot.driver = session_actor(slot, cfg, service)  # starts while the workers load and warm up
         port = await slot.dits[0].free_port.remote()
         await _all([*(w.init_process_group.remote(port) for w in slot.dits), slot.decoder.init_process_group.remote()],
                    limit, "init_process_group")
         await _all((w.load_weights.remote() for w in [*slot.dits, slot.decoder]), limit, "load_weights")
         await _all((w.warm_up.remote() for w in [*slot.dits, slot.decoder]), limit, "warm_up")
         stages = await _all((w.stages.remote() for w in [*slot.dits, slot.decoder]), limit, "stages")
-        await _all([slot.standby.__ray_ready__.remote()], limit, "session_actor")  # a session never waits for it
+        await _all([slot.driver.warm_up.remote()], limit, "compile")  # the chunk graph, for every session
         slot.stages = {f"dit{r}": s for r, s in enumerate(stages[:ranks])} | {"decoder": stages[-1]}
         slot.node_id = node_of(pg) or node_id
         slot.build_s = time.monotonic() - t0
@@ -187,7 +190,7 @@ async def _reserve_traced(spec: PlacementSpec, slot_id: str, name: str, node_id:
 
 
 def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any:
-    """A new SessionActor in the slot's room bundle (its process starts now, in the background); named
+    """The slot's SessionActor, in its room bundle (its process starts now, in the background); named
     and detached like the workers, so it streams on through a scheduler restart."""
     from deployments.session import SessionActor
 
@@ -197,29 +200,36 @@ def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any
     ).remote(cfg, service, slot.workers(service), slot_id=slot.slot_id)
 
 
-async def reset_slot(slot: Slot, timeout_s: float) -> bool:
-    """Wipe every worker's session state (KV cache, audio, decoder state; room closed). False on failure."""
+async def reset_slot(slot: Slot, session_id: str, timeout_s: float) -> bool:
+    """Wipe every worker's session state (KV cache, audio, decoder state; room closed), then have the
+    driver forget `session_id` (the slot is free from then on, also to a restarted scheduler).
+    False on failure."""
     try:
         await asyncio.wait_for(asyncio.gather(*(w.reset.remote() for w in slot.actors())), timeout_s)
+        free: bool = await asyncio.wait_for(asyncio.wrap_future(slot.driver.forget.remote(session_id).future()),
+                                            timeout_s)
     except (ray.exceptions.RayError, TimeoutError):
         return False
-    return True
+    return free
 
 
 async def ping_slot(slot: Slot, timeout_s: float = 5.0) -> bool:
-    """False when a worker of the slot is dead (busy or slow counts as alive)."""
+    """False when a worker or the driver of the slot is dead, or the driver's compiled graph broke (busy
+    or slow counts as alive)."""
     try:
-        await asyncio.wait_for(asyncio.gather(*(a.ping.remote() for a in slot.actors())), timeout_s)
+        answers = await asyncio.wait_for(asyncio.gather(*(a.ping.remote() for a in [*slot.actors(), slot.driver])),
+                                         timeout_s)
     except ray.exceptions.RayActorError:
         return False
     except (ray.exceptions.RayError, TimeoutError):
         return True
-    return True
+    return answers[-1] is not False
 
 
 def destroy_slot(slot: Slot, extra_actors: Iterable[Any] = ()) -> None:
-    """Kill every actor of the slot (and `extra_actors`, e.g. its session actor); remove its placement group."""
-    for actor in [*slot.actors(), slot.standby, *extra_actors]:
+    """Kill every actor of the slot, its driver first (and `extra_actors`); remove its placement group.
+    (The driver's compiled graph would otherwise see its workers die and log a failed teardown.)"""
+    for actor in [slot.driver, *slot.actors(), *extra_actors]:
         if actor is not None:
             with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already dead
                 ray.kill(actor, no_restart=True)

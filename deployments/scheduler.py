@@ -14,11 +14,13 @@ lock with no await inside, so concurrent calls never over-commit. On every event
 
 A session takes a free warm slot (warm start), else a new slot when a whole bundle is free (cold
 start), else queues (bounded, with a deadline) or is refused with `NoCapacity(retry_after_s)`. When
-it ends, its slot is reset (every worker wipes its session state) and returned to the pool, or
-removed (actors killed, placement group removed) when it is above target or any actor failed.
+it ends, its slot is reset (every worker wipes its session state, the slot's SessionActor forgets
+it) and returned to the pool, or removed (actors killed, placement group removed) when it is above
+target or any actor failed. A slot's SessionActor lives as long as the slot and drives its sessions
+one after another over one compiled graph (`deployments.pipeline`).
 
 Faults. A dead worker or session actor ends its session FAILED within a chunk or two (the compiled
-graph raises `ActorDiedError`; a dead SessionActor fails its `run` call) and its slot is removed.
+graph raises `ActorDiedError`; a dead SessionActor fails its `outcome` call) and its slot is removed.
 A `recover` session instead resumes on a fresh bundle (`deployments.recovery`). Slots and session
 actors are detached and named (`placement.names`): when the scheduler itself dies, Ray restarts it
 (`max_restarts=-1`, same handle) while sessions stream on, and on start it adopts what its
@@ -51,7 +53,6 @@ from deployments.runtime import (
     destroy_slot,
     ping_slot,
     reset_slot,
-    session_actor,
 )
 from deployments.session import Outcome, Report
 from deployments.settings import ServiceConfig
@@ -249,7 +250,7 @@ class SessionScheduler:
                 return sess.info
             sess.end_reason = sess.end_reason or reason
             if sess.actor is not None:
-                sess.actor.stop.remote(sess.end_reason)
+                sess.actor.stop.remote(session_id, sess.end_reason)
         await self._wait_terminal(sess, END_WAIT_S)
         return sess.info
 
@@ -279,14 +280,14 @@ class SessionScheduler:
             sess.pending_audio.append((pcm, sample_rate, channels))
             return
         with contextlib.suppress(ray.exceptions.RayActorError):  # ending: its run reports the end
-            await sess.actor.push_audio.remote(pcm, sample_rate, channels)
+            await sess.actor.push_audio.remote(session_id, pcm, sample_rate, channels)
 
     async def clear_audio(self, session_id: str) -> None:
         sess = self._get(session_id)
         sess.pending_audio.clear()
         if sess.actor is not None and not sess.terminal:
             with contextlib.suppress(ray.exceptions.RayActorError):
-                await sess.actor.clear_audio.remote()
+                await sess.actor.clear_audio.remote(session_id)
 
     async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
         await self._start()
@@ -485,15 +486,13 @@ class SessionScheduler:
                 and sess.recoveries < RECOVER_MAX_ATTEMPTS):
             await self._recover(sess, slot, outcome)
             return
-        healthy = outcome.healthy and await reset_slot(slot, self.service.chunk_timeout_s)
+        healthy = outcome.healthy and await reset_slot(slot, sess.info.id, self.service.chunk_timeout_s)
         sess.info.stats = outcome.stats
         async with self.lock:
             self._terminal(sess, outcome.status, outcome.reason, outcome.stats)
             if self.pool.release(sess.lease, healthy=healthy) == "remove":
                 self._remove_slot(slot.slot_id)
             self._dispatch(time.monotonic())
-            if slot.slot_id in self.slots and slot.standby is None and not self._closing:  # kept: next actor
-                slot.standby = session_actor(slot, self.cfg, self.service)
 
     async def _drive(self, sess: _Session, slot: Slot) -> Outcome:
         spec = sess.spec
@@ -502,31 +501,27 @@ class SessionScheduler:
         path = str(self.service.output_path(spec.session_id, spec.output.path)) if spec.output.kind == "file" else None
         if sess.resume is not None and sess.info.started_at is not None:  # a recovery keeps the session's end
             spec = replace(spec, max_duration_s=max(0.5, spec.max_duration_s - (time.time() - sess.info.started_at)))
-        actor, slot.standby = slot.standby or session_actor(slot, self.cfg, self.service), None
-        sess.actor = actor
-        run = actor.run.remote(spec, path, ray.get_runtime_context().current_actor, time.time(), sess.resume)
-        for pcm, rate, channels in sess.pending_audio:  # after run(): it makes the session's buffer live
-            actor.push_audio.remote(pcm, rate, channels)
-        sess.pending_audio.clear()
-        if sess.end_reason is not None:
-            actor.stop.remote(sess.end_reason)
+        sid, actor = spec.session_id, slot.driver  # the slot's SessionActor: it outlives the session
         try:
-            outcome: Outcome = await run
+            await actor.start.remote(spec, path, ray.get_runtime_context().current_actor, time.time(), sess.resume)
+            sess.actor = actor  # calls naming the session reach it from now on
+            for pcm, rate, channels in sess.pending_audio:
+                actor.push_audio.remote(sid, pcm, rate, channels)
+            sess.pending_audio.clear()
+            if sess.end_reason is not None:
+                actor.stop.remote(sid, sess.end_reason)
+            outcome: Outcome = await actor.outcome.remote(sid)
             return outcome
         except RayError as err:
             return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
-        finally:
-            ray.kill(actor, no_restart=True)
 
     async def _await_adopted(self, sess: _Session) -> Outcome:
-        """The end of a session adopted from a previous scheduler (which held its `run` call)."""
+        """The end of a session adopted from a previous scheduler (which started it)."""
         try:
-            outcome: Outcome = await sess.actor.outcome.remote()
+            outcome: Outcome = await sess.actor.outcome.remote(sess.info.id)
             return outcome
         except RayError as err:
             return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
-        finally:
-            ray.kill(sess.actor, no_restart=True)
 
     async def _recover(self, sess: _Session, slot: Slot, outcome: Outcome) -> None:
         """A `recover` session lost its bundle: remove it, resume on a free warm slot, else on a new slot
@@ -561,34 +556,30 @@ class SessionScheduler:
     def _adopt(self, found: Discovery) -> None:
         """Take over the slots and sessions a previous scheduler left (lock held; see deployments.ledger)."""
         for f in found.found:
-            slot = f.slot
+            slot, d = f.slot, f.session
             self.slots[slot.slot_id] = _SlotRecord(slot.slot_id, Admit(slot.slot_id, slot.node_id or "",
                                                                        self.spec.demand()), slot=slot)
-            live = [(a, d) for a, d in f.sessions if d["outcome"] is None]
-            for actor, d in f.sessions:
-                sess = _Session(SessionInfo(d["spec"].session_id, d["status"], d["spec"].preset,
-                                            started_at=d["started_at"], stats=d["stats"]), d["spec"],
-                                deque(maxlen=self.service.events_max), actor=actor)
-                self.sessions[sess.info.id] = sess
-                self._event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
-                if d["outcome"] is not None or (actor, d) != live[0]:
-                    o: Outcome | None = d["outcome"]
-                    self._terminal(sess, o.status if o else SessionStatus.FAILED, o.reason if o else
-                                   "session_failed: a second live session on one slot", o.stats if o else None)
-                    ray.kill(actor, no_restart=True)
-                    continue
-                sess.lease, sess.adopted = self.pool.adopt(slot.slot_id, leased=True), True
-                self._spawn(self._run(sess))
-            if not live:  # free (a slot whose last session ended unobserved was never reset: remove it)
+            if d is None:  # free
                 self.pool.adopt(slot.slot_id, leased=False)
-                if f.sessions:
-                    self.pool.fail(slot.slot_id)
-                    self._remove_slot(slot.slot_id)
-                elif slot.standby is None:
-                    slot.standby = session_actor(slot, self.cfg, self.service)
+                continue
+            sess = _Session(SessionInfo(d["spec"].session_id, d["status"], d["spec"].preset,
+                                        started_at=d["started_at"], stats=d["stats"]), d["spec"],
+                            deque(maxlen=self.service.events_max), actor=slot.driver)
+            self.sessions[sess.info.id] = sess
+            self._event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
+            o: Outcome | None = d["outcome"]
+            if o is not None:  # ended unobserved: the slot was never reset, so it is removed
+                self._terminal(sess, o.status, o.reason, o.stats)
+                self.pool.adopt(slot.slot_id, leased=False)
+                self.pool.fail(slot.slot_id)
+                self._remove_slot(slot.slot_id)
+                continue
+            sess.lease, sess.adopted = self.pool.adopt(slot.slot_id, leased=True), True
+            self._spawn(self._run(sess))
         if found.found or found.removed:
             log.warning("scheduler %s adopted %d slots (%d sessions) and removed %d it could not adopt: %s", self.name,
-                        len(found.found), sum(len(f.sessions) for f in found.found), len(found.removed), found.removed)
+                        len(found.found), sum(f.session is not None for f in found.found), len(found.removed),
+                        found.removed)
 
     # ------------------------------------------------------------------------------ bookkeeping
     async def _start(self) -> None:

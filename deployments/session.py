@@ -1,15 +1,15 @@
 """One session: its audio, its lifecycle and stats (plain classes), and `SessionActor`, the thin Ray
-actor that starts it on a slot and drives its chunk loop.
+actor of a slot that starts its sessions, one after another, and drives their chunk loop.
 
 Lifecycle (the scheduler owns QUEUED and STARTING; the session actor the rest):
 
     QUEUED -> STARTING -> READY -> RUNNING -> ENDED (deleted | max_duration | ...) / FAILED (reason)
 
-READY: every rank started, the reference in the sink, the graph compiled. RUNNING: the first chunk
-was published. A failure at any point ends the session FAILED with a machine-readable reason
-(actor_died, chunk_timeout, worker_error, start_failed, ...) and the slot is then removed; a session
-created with `recover` instead goes back to STARTING (detail `recovering: <reason>`) and resumes on a
-fresh slot (`deployments.recovery`).
+READY: every rank started, the reference in the sink, the slot's graph at hand (compiled with the
+slot). RUNNING: the first chunk was published. A failure at any point ends the session FAILED with a
+machine-readable reason (actor_died, chunk_timeout, worker_error, start_failed, ...) and the slot is
+then removed; a session created with `recover` instead goes back to STARTING (detail `recovering:
+<reason>`) and resumes on a fresh slot (`deployments.recovery`).
 
 Audio: agent PCM is converted to float32 mono 16 kHz on arrival and queued; chunk k takes exactly
 the samples of `chunk_sample_range(k)` from the queue, padded with silence when the queue runs dry
@@ -316,49 +316,78 @@ class SessionRunner:
 
 
 class SessionActor:
-    """Thin Ray actor for one session on one slot: prepares the workers, runs `SessionRunner` in a
-    thread, reports to the scheduler. It lives in the slot's room bundle and serves exactly one
-    session; the scheduler starts it ahead of time (with the slot, and again each time the slot is
-    returned), so a session does not wait for a Python process to start and import torch."""
+    """Thin Ray actor that drives one slot's sessions, one at a time: prepares the workers for each,
+    runs its `SessionRunner` in a thread, reports to the scheduler. It lives in the slot's room bundle
+    as long as the slot (started with it, so a session never waits for a Python process to start and
+    import torch) and holds the slot's chunk pipeline: the compiled graph is compiled once, in
+    `warm_up` while the slot is built, and driven for every session after (`deployments.pipeline`
+    says why). Calls about a session name it: one naming a session that is not (or no longer) the
+    current one is dropped, so a late stop or push never reaches the slot's next session."""
 
     def __init__(self, cfg: SessionConfig, service: ServiceConfig, workers: Workers,
                  slot_id: str | None = None) -> None:
         self.cfg, self.service, self.workers = cfg, service, workers
-        # one session actor per slot at a time: its metric series continue the slot's (counters reset)
+        # one session actor per slot: its metric series are the slot's
         self.tel = telemetry.setup("session", instance=f"{slot_id}.session" if slot_id else None)
+        self.pipeline: Pipeline | None = None  # the slot's chunk pipeline, kept across sessions
+        self._pipeline_lock = threading.Lock()
+        self._unusable: str | None = None  # why this slot serves no further session (a session failed)
+        self._clear()
+
+    def _clear(self) -> None:
+        """No current session: a new actor, or the scheduler has taken the last one's outcome."""
+        self.session_id: str | None = None
+        self.spec: SessionSpec | None = None
+        self.output_path: str | None = None
         self.trace: SessionTelemetry | None = None
-        g = cfg.model.generation
-        self.audio = AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
+        g = self.cfg.model.generation
+        self.audio = AudioBuffer(g.frames_per_chunk, self.cfg.model.audio.sample_rate, g.fps)
         self.runner: SessionRunner | None = None
         self.scheduler: Any | None = None
-        self._early_stop: str | None = None
         self._wake: asyncio.Event | None = None
         self._closing = False
         self._resume: Resume | None = None
         self._outcome: Outcome | None = None
-        self._ended = asyncio.Event()
+        self._task: asyncio.Task[Outcome] | None = None
 
-    def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> float:
-        """Queue agent audio (16-bit PCM, any rate and channel count); returns seconds queued."""
+    async def warm_up(self) -> None:
+        """Compile the slot's chunk graph (the last stage of building the slot: no session waits for it)."""
+        await asyncio.to_thread(self._slot_pipeline)
+
+    def ping(self) -> bool:
+        """False when the slot's compiled graph broke (its loop ended on some actor): remove the slot."""
+        return not isinstance(self.pipeline, CompiledPipeline) or self.pipeline.alive()
+
+    def push_audio(self, session_id: str, pcm16: bytes, sample_rate: int, channels: int) -> float:
+        """Queue agent audio (16-bit PCM, any rate and channel count) for `session_id`; returns seconds
+        queued (0.0 and dropped: `session_id` is not the current session)."""
+        if not self._live(session_id):
+            return 0.0
         self.audio.push(convert_pcm(pcm16_to_float(pcm16), sample_rate, channels))
         return self.audio.queued_s
 
-    def clear_audio(self) -> int:
-        return self.audio.clear()
+    def clear_audio(self, session_id: str) -> int:
+        return self.audio.clear() if self._live(session_id) else 0
 
-    def stop(self, reason: str) -> None:
-        if self.runner is None:
-            self._early_stop = self._early_stop or reason
-        else:
+    def stop(self, session_id: str, reason: str) -> None:
+        if self._live(session_id) and self.runner is not None:
             self.runner.stop(reason)
 
-    async def run(self, spec: SessionSpec, output_path: str | None, scheduler: Any | None,
-                  requested_at: float | None = None, resume: Resume | None = None) -> Outcome:
-        """Start `spec` on the slot, stream until it ends, and return how it ended (once per actor).
-        `resume`: a recovered session (`deployments.recovery`): prime the workers, continue its chunks."""
-        if self.runner is not None:
-            raise RuntimeError("this SessionActor already ran a session; each session gets a fresh one")
-        self.spec, self.output_path, self.scheduler, self._resume = spec, output_path, scheduler, resume
+    def _live(self, session_id: str) -> bool:
+        return session_id == self.session_id and self._outcome is None
+
+    async def start(self, spec: SessionSpec, output_path: str | None, scheduler: Any | None,
+                    requested_at: float | None = None, resume: Resume | None = None) -> None:
+        """Start `spec` on the slot; returns once it is the current session (calls naming it are taken
+        from then on) and streams on; `outcome` says how it ended. `resume`: a recovered session
+        (`deployments.recovery`): prime the workers, continue its chunks."""
+        if self.session_id is not None:
+            raise RuntimeError(f"the slot's SessionActor still holds session {self.session_id!r}; the scheduler "
+                               "forgets a session (`forget`) before it starts the next one")
+        if self._unusable is not None:
+            raise RuntimeError(f"this slot serves no further session ({self._unusable}); the scheduler removes it")
+        self.session_id, self.spec, self.output_path = spec.session_id, spec, output_path
+        self.scheduler, self._resume = scheduler, resume
         if resume is not None and resume.pending.size:
             self.audio.push(resume.pending)  # speech of chunks the viewer never got, then the queue
         if self.tel.enabled:
@@ -375,9 +404,21 @@ class SessionActor:
                                     resume=resume)
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
-        if self._early_stop is not None:
-            self.runner.stop(self._early_stop)
-        return await self._run(self.runner)
+        self._task = asyncio.get_running_loop().create_task(self._run(self.runner))
+
+    async def outcome(self, session_id: str) -> Outcome:
+        """How `session_id` ended, once it has (the scheduler awaits this; so does a restarted one, for a
+        session it adopted). A failure of the session's task itself is raised here."""
+        if session_id != self.session_id or self._task is None:
+            raise ValueError(f"session {session_id!r} is not this slot's current session ({self.session_id!r})")
+        return await asyncio.shield(self._task)
+
+    def forget(self, session_id: str) -> bool:
+        """The scheduler took `session_id`'s outcome and reset the workers: drop the session, so the actor
+        is free (`describe` then says so). True when the actor is free; a running session is kept."""
+        if session_id == self.session_id and self._outcome is not None:
+            self._clear()
+        return self.session_id is None
 
     async def _run(self, runner: SessionRunner) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -411,28 +452,23 @@ class SessionActor:
             self._closing = True
             wake.set()
             await reporter  # sends whatever is left, then returns
-            if self.tel.enabled:  # the scheduler kills this actor as soon as run() returns
+            if self.tel.enabled:  # the session's spans and metrics leave now, not at the next export
                 await asyncio.to_thread(self.tel.flush, 2.0)
         if runner.history is not None and outcome.status is SessionStatus.FAILED:
             outcome = replace(outcome, resume=runner.history.resume(
                 chunks=outcome.stats.chunks, queued=self.audio.drain(), stats=outcome.stats,
                 attempt=self._resume.attempt + 1 if self._resume else 1, reason=outcome.reason))
+        if not outcome.healthy:  # the scheduler removes the slot; its graph may be out of step
+            self._unusable = f"session {runner.session_id!r} ended {outcome.status.value}: {outcome.reason}"
         self._outcome = outcome
-        self._ended.set()
         return outcome
-
-    async def outcome(self) -> Outcome:
-        """How the session ended, once it has: a restarted scheduler (which cannot await the `run` call
-        its predecessor made) waits on this instead."""
-        await self._ended.wait()
-        assert self._outcome is not None
-        return self._outcome
 
     def describe(self) -> dict[str, Any]:
         """What a restarted scheduler needs to adopt this actor (`deployments.ledger`): the slot's
-        workers, and the session it runs or ran, if any (status, stats, outcome once ended)."""
+        workers, and the session it runs or ran and was not yet forgotten, if any (status, stats, outcome
+        once ended). `spec` None: the actor, and so the slot, is free."""
         r = self.runner
-        if r is None:
+        if r is None or self.spec is None:
             return {"workers": self.workers, "spec": None}
         status = r.terminal[0] if r.terminal else SessionStatus.RUNNING if r.started_at else (
             SessionStatus.READY if "compile_s" in r.phases else SessionStatus.STARTING)
@@ -450,7 +486,7 @@ class SessionActor:
         try:
             call(self.trace)
         except Exception:  # telemetry must never stop a session
-            log.exception("session %s: telemetry failed; it is off for this session", self.spec.session_id)
+            log.exception("session %s: telemetry failed; it is off for this session", self.session_id)
             self.trace = None
             if self.runner is not None:
                 self.runner.on_chunk = None
@@ -462,7 +498,7 @@ class SessionActor:
     def _make_traced_pipeline(self) -> Pipeline:
         w0 = time.time_ns()
         try:
-            pipeline = self._make_pipeline()
+            pipeline = self._slot_pipeline()
         except BaseException as err:
             self._phase(N.SESSION_COMPILE, w0, type(err).__name__)
             raise
@@ -470,14 +506,24 @@ class SessionActor:
         return pipeline
 
     async def _prepare(self) -> None:
-        w, sid = self.workers, self.spec.session_id
-        reference = w.decoder.encode_reference.remote(sid, self.spec.image)
-        await asyncio.gather(*(d.start.remote(sid, reference, self.spec.seed) for d in w.dits),
-                             w.decoder.start.remote(sid), w.room.open.remote(sid, self.spec.output, self.output_path,
-                                               ray.get_runtime_context().current_actor, self.spec.max_duration_s))
+        """Give every worker the session's state (plain actor calls, between the graph's executions)."""
+        w, spec = self.workers, self.spec
+        assert spec is not None
+        sid = spec.session_id
+        reference = w.decoder.encode_reference.remote(sid, spec.image)
+        await asyncio.gather(*(d.start.remote(sid, reference, spec.seed) for d in w.dits),
+                             w.decoder.start.remote(sid), w.room.open.remote(sid, spec.output, self.output_path,
+                                               ray.get_runtime_context().current_actor, spec.max_duration_s))
         if self._resume is not None and self._resume.primed:
             g, rate = self.cfg.model.generation, self.cfg.model.audio.sample_rate
             await prime(w, sid, prime_windows(self._resume.prime, self._resume.primed, g.frames_per_chunk, rate, g.fps))
+
+    def _slot_pipeline(self) -> Pipeline:
+        """The slot's pipeline: made on first use (normally `warm_up`), the same one for every session."""
+        with self._pipeline_lock:
+            if self.pipeline is None:
+                self.pipeline = self._make_pipeline()
+            return self.pipeline
 
     def _make_pipeline(self) -> Pipeline:
         if self.service.graph == "actor_calls":
@@ -494,7 +540,7 @@ class SessionActor:
             await asyncio.wait_for(asyncio.wrap_future(self.workers.room.close.remote().future()),
                                    self.service.chunk_timeout_s)
         except (RayError, TimeoutError, OSError) as err:
-            log.warning("session %s: the room did not close: %s", self.spec.session_id, err)
+            log.warning("session %s: the room did not close: %s", self.session_id, err)
             return False
         return True
 
@@ -510,9 +556,9 @@ class SessionActor:
                 return
 
     async def _send(self, report: Report) -> None:
-        if self.scheduler is None:
+        if self.scheduler is None or self.session_id is None:
             return
         # a gone or stuck scheduler must not stop the session: drop the report
         with contextlib.suppress(RayError, TimeoutError):
             await asyncio.wait_for(asyncio.wrap_future(
-                self.scheduler.report.remote(self.spec.session_id, report).future()), 10.0)
+                self.scheduler.report.remote(self.session_id, report).future()), 10.0)

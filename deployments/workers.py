@@ -451,19 +451,21 @@ class PlayoutMeter:
 class SessionAudioHandler:
     """The room's agent-audio callbacks, forwarded to the session actor (never blocking the room's loop):
     agent speech -> the session's audio queue, `lk.clear_buffer` -> drop queued audio (the room awaits
-    the dropped-sample count), END_CALL / agent left / room empty / max duration -> end the session."""
+    the dropped-sample count), END_CALL / agent left / room empty / max duration -> end the session.
+    Every call names `session_id`: the slot's session actor serves session after session, and drops a
+    late call meant for one that already ended."""
 
-    def __init__(self, session: Any) -> None:
-        self.session = session
+    def __init__(self, session: Any, session_id: str) -> None:
+        self.session, self.session_id = session, session_id
 
     def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> object:
-        return self.session.push_audio.remote(pcm16, sample_rate, channels)
+        return self.session.push_audio.remote(self.session_id, pcm16, sample_rate, channels)
 
     def clear_audio(self) -> Any:
-        return self.session.clear_audio.remote()  # an ObjectRef: awaitable on the room's loop
+        return self.session.clear_audio.remote(self.session_id)  # an ObjectRef: awaitable on the room's loop
 
     def end_session(self, reason: str) -> object:
-        return self.session.stop.remote(reason)
+        return self.session.stop.remote(self.session_id, reason)
 
 
 class RoomWorker:
@@ -497,7 +499,7 @@ class RoomWorker:
             if not isinstance(output, LiveKitOutput):
                 raise TypeError(f"output kind 'livekit' needs a LiveKitOutput, got {type(output).__name__}")
             sink = LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk),
-                               SessionAudioHandler(session) if session is not None else None,
+                               SessionAudioHandler(session, session_id) if session is not None else None,
                                max_duration_s=None if max_duration_s is None else max_duration_s + 5)
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink

@@ -3,7 +3,7 @@ ledger from (no Ray here; `deployments.ledger` reads the cluster).
 
     placement group   <slot_id>@<scheduler>         e.g. slot-1a2b3c4d5e@characters-scheduler
     workers           <slot_id>.dit<rank>, <slot_id>.decoder, <slot_id>.room
-    session actors    <slot_id>.session.<hex>       (one per session, made ahead as the slot's standby)
+    session actor     <slot_id>.session.<hex>       (one per slot, its driver: serves its sessions)
 
 Slot ids are `slot-<10 hex>`, unique across schedulers; the owner in the group's name keeps schedulers
 of one cluster (tests run several) from adopting each other's slots.

@@ -1,8 +1,9 @@
 """Soak: sessions back to back for a long time on a local cluster; memory and resources over time.
 
 Keeps `--concurrent` sessions running, each `--session-s` long (it ends by itself; a new one starts),
-with speech pushed into each, and every `--sample-s` records: RSS of the driver, the scheduler and
-every slot worker (DiT ranks, decoder, room), named actors, live placement groups, the scheduler's
+with speech pushed into each, and every `--sample-s` records: RSS of the driver, the scheduler,
+every slot worker (DiT ranks, decoder, room) and each slot's session actor (it drives every session
+on its slot, over one compiled graph), named actors, live placement groups, the scheduler's
 threads and file descriptors, sessions done, chunks and late chunks; on CUDA workers also
 `torch.cuda.memory_allocated()` / `memory_reserved()` per worker (read inside each worker, between
 its chunks; not run on the CPU machine). Writes JSON (every sample plus a per-series trend in MB per
@@ -86,13 +87,13 @@ class Sampler:
         for s in slots:
             if not s["actors"]:  # still building
                 continue
-            roles = [*(f"dit{r}" for r in range(len(s["actors"]) - 2)), "decoder", "room"]
-            for role, actor in zip(roles, s["actors"], strict=True):
+            roles = [*(f"dit{r}" for r in range(len(s["actors"]) - 2)), "decoder", "room", "session"]
+            for role, actor in zip(roles, [*s["actors"], s["driver"]], strict=True):
                 key = actor._actor_id.hex()
                 if key not in self.pids:
                     self.pids[key] = (role, int(ray.get(actor.__ray_call__.remote(_pid), timeout=60)))
                 workers[role] = workers.get(role, 0.0) + rss_mb(self.pids[key][1])
-                if role != "room":
+                if role not in ("room", "session"):
                     mem = ray.get(actor.__ray_call__.remote(_cuda_memory), timeout=60)
                     if mem is not None:
                         cuda["allocated"].append(mem[0])

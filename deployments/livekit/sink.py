@@ -15,9 +15,9 @@ Wiring into the session (the lead integrates; nothing here imports Ray):
   max_duration_s=spec.max_duration_s + 5, on_playback=...)` and `start()` it (RoomError -> the
   session fails `start_failed`). `handler` forwards to the `SessionActor` (pass its handle from
   `SessionActor._prepare`: `ray.get_runtime_context().current_actor`):
-      push_audio(pcm16, rate, ch) -> session.push_audio.remote(pcm16, rate, ch)  (always 16000, 1)
-      clear_audio()               -> session.clear_audio.remote()   (an ObjectRef[int]: awaited, <= 1 s)
-      end_session(reason)         -> session.stop.remote(reason)    (end_call, agent_left, room_empty, ...)
+      push_audio(pcm16, rate, ch) -> session.push_audio.remote(sid, pcm16, rate, ch)  (always 16000, 1)
+      clear_audio()               -> session.clear_audio.remote(sid)   (an ObjectRef[int]: awaited, <= 1 s)
+      end_session(reason)         -> session.stop.remote(sid, reason)  (end_call, agent_left, room_empty, ...)
   The chunk loop then ends with that reason and `SessionActor._close_room` closes the sink.
 - `RoomWorker.publish`: `self.sink.write(frames.frames, inp.pcm)` as for the other sinks. Exact segment
   accounting needs no change (agent speech never contains exact zeros, padding does); if ChunkInput

@@ -88,9 +88,9 @@ def slots(sched: Any) -> list[dict[str, Any]]:
     return ray.get(sched.debug_slots.remote())  # type: ignore[no-any-return]
 
 
-def actor_ids(slot: dict[str, Any], standby: bool = False) -> set[str]:
-    """The slot's workers (and its standby session actor)."""
-    actors = [*slot["actors"], *([slot["standby"]] if standby and slot.get("standby") else [])]
+def actor_ids(slot: dict[str, Any], driver: bool = False) -> set[str]:
+    """The slot's workers (and its session actor, the slot's driver)."""
+    actors = [*slot["actors"], *([slot["driver"]] if driver and slot.get("driver") else [])]
     return {a._actor_id.hex() for a in actors}
 
 

@@ -4,7 +4,8 @@ for an hour and plots it).
 
 One cluster for the module: 2 logical GPUs, topology gpu1, the cut-down tiny preset (`SMALL`), the
 state API (dashboard) to see every actor, named or not. One warm slot is kept, so every session but
-the first reuses the same workers: state a session leaves in a worker would pile up there.
+the first reuses the same workers and the same session actor (the slot's driver, which holds its
+compiled graph): state a session leaves in any of them would pile up there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def cluster() -> Iterator[None]:
 
 
 def alive_actors() -> Counter[str]:
-    """Alive actors by class (a slot's standby session actor is a new one after every session)."""
+    """Alive actors by class."""
     from ray.util.state import list_actors
 
     address = ray.get_runtime_context().gcs_address
@@ -68,11 +69,16 @@ def snapshot(processes: dict[str, int]) -> dict[str, Any]:
     return out
 
 
-def one_session(sched: Any, service: Any, i: int) -> None:
+def one_session(sched: Any, service: Any, i: int, driver: Any = None) -> None:
+    """Session s<i>; with the slot's `driver` (its session actor), the previous session's late calls
+    reach it mid-session and must be dropped (the session then ends with its own reason, not "stale")."""
     sid = f"s{i}"
     ray.get(sched.create_session.remote(spec(sid, service, max_duration_s=2.0 if i % 2 else 600.0)))
     wait_chunks(sched, sid, 4, timeout_s=60)
     speech = (np.random.default_rng(i).standard_normal(8000) * 6000).astype("<i2").tobytes()  # 0.5 s
+    if driver is not None:
+        assert ray.get(driver.push_audio.remote(f"s{i - 1}", speech, 16000, 1)) == 0.0
+        ray.get(driver.stop.remote(f"s{i - 1}", "stale"))
     ray.get(sched.push_audio.remote(sid, speech, 16000, 1))
     if i % 2:
         assert wait_status(sched, sid, SessionStatus.ENDED, timeout_s=30).reason == "max_duration"
@@ -91,14 +97,15 @@ def run() -> dict[str, Any]:
         one_session(sched, service, 0)  # warm-up: imports, first-use allocations, the slot itself
         (slot,) = slots(sched)
         procs = {"scheduler": pid_of(sched), "dit": pid_of(slot["actors"][0]), "decoder": pid_of(slot["actors"][1]),
-                 "room": pid_of(slot["actors"][2])}
+                 "room": pid_of(slot["actors"][2]), "session": pid_of(slot["driver"])}
         out["base_actors"], out["base_pgs"], out["trail"] = alive_actors(), live_pgs(), [snapshot(procs)]
         for i in range(1, SESSIONS + 1):
-            one_session(sched, service, i)
+            one_session(sched, service, i, slot["driver"])
             out["trail"].append(snapshot(procs))
         assert info(sched, f"s{SESSIONS}").stats.chunks >= 4
         (after,) = slots(sched)
         out["same_slot"] = after["slot_id"] == slot["slot_id"]  # the same warm slot served every session
+        out["same_driver"] = after["driver"]._actor_id == slot["driver"]._actor_id  # and the same session actor
         wait_for(lambda: alive_actors() == out["base_actors"], 30, f"actors back to {dict(out['base_actors'])}")
         out["end_actors"], out["end_pgs"] = alive_actors(), live_pgs()
     # shut down: every slot, actor and placement group the scheduler made is gone
@@ -113,8 +120,8 @@ def run() -> dict[str, Any]:
 
 
 def test_sessions_back_to_back_leave_no_actor_group_thread_or_fd(run: dict[str, Any]) -> None:
-    assert run["same_slot"]
-    assert run["end_actors"] == run["base_actors"]  # the standby session actor replaced, nothing more
+    assert run["same_slot"] and run["same_driver"]
+    assert run["end_actors"] == run["base_actors"]
     assert run["end_pgs"] == run["base_pgs"]
     assert run["shutdown_pgs"] == run["before_all"][1]
     first, last = run["trail"][0], run["trail"][-1]
@@ -131,11 +138,9 @@ def test_driver_and_scheduler_memory_stays_flat(run: dict[str, Any]) -> None:
         assert run["trail"][-1][name]["rss_mb"] - run["trail"][0][name]["rss_mb"] <= RSS_TOLERANCE_MB
 
 
-@pytest.mark.xfail(strict=True, reason="known leak: each session compiles its own Ray Compiled Graph, and its "
-                   "teardown (kill_actors=False) leaves ~1-4 MB of channel buffers mapped in every worker "
-                   "(~+0.5 fd per session in the room); with graph='actor_calls' the workers stay flat. "
-                   "Fix: compile once per slot and keep the graph across sessions")
 def test_worker_memory_stays_flat(run: dict[str, Any]) -> None:
-    for name in ("dit", "decoder", "room"):
+    """A compiled graph per session left ~1.4-3.8 MB of channel pages in every worker per session (Ray
+    never frees a graph's channels); the slot's one graph, kept across sessions, leaves nothing."""
+    for name in ("dit", "decoder", "room", "session"):
         assert run["per_session_mb"][name] <= WORKER_SLOPE_MB, (name, run["per_session_mb"])
         assert run["trail"][-1][name]["fds"] - run["trail"][0][name]["fds"] <= 2, name

@@ -157,7 +157,7 @@ def test_endings_say_why_and_leave_nothing_behind() -> None:
         assert ray.get(sched.end_session.remote("deleted")).reason == "deleted"
         wait_for(lambda: first["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 30, "slot removal")
         wait_for(lambda: pg_state(first["pg_id"]) == "REMOVED", 10, "placement group removal")
-        wait_for(lambda: not actor_ids(first, standby=True) & alive_actor_ids(), 10, "the removed slot's actors")
+        wait_for(lambda: not actor_ids(first, driver=True) & alive_actor_ids(), 10, "the removed slot's actors")
 
         # max duration: ends by itself; its slot is reset and kept warm (target 1), actors alive.
         ended = wait_status(sched, "timed", SessionStatus.ENDED, timeout_s=30)
@@ -178,7 +178,7 @@ def test_endings_say_why_and_leave_nothing_behind() -> None:
         assert failed.status is SessionStatus.FAILED and failed.reason.startswith("actor_died: DiTWorker")
         wait_for(lambda: kept["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 30, "failed slot removal")
         wait_for(lambda: pg_state(kept["pg_id"]) == "REMOVED", 10, "placement group removal")
-        wait_for(lambda: not actor_ids(kept, standby=True) & alive_actor_ids(), 10, "the failed slot's actors")
+        wait_for(lambda: not actor_ids(kept, driver=True) & alive_actor_ids(), 10, "the failed slot's actors")
         assert [e.status for e in ray.get(sched.events.remote("killed", 0, 0.0)) if e.kind == "status"] == [
             SessionStatus.STARTING, SessionStatus.READY, SessionStatus.RUNNING, SessionStatus.FAILED]
 
