@@ -79,6 +79,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                       "floor_ms": cost.flops_per_chunk_per_rank / rate * 1e3, "matmul_tflops": rate / 1e12,
                       "reference_ms": {"4xH100 fused (DESIGN.md)": 147.4, "4xH100 unfused": 159.3, "3xB200": 154.3}}
             Path(out).write_text(json.dumps(result, indent=1))
+        dist.barrier()  # no rank tears the group down while a peer still uses it
     finally:
         dist.destroy_process_group()
 

@@ -95,6 +95,7 @@ def _rank(rank: int, ranks: int, port: int, out: str) -> None:
                   for i, c in enumerate(CLIPS)]
         if rank == 0:
             np.savez(out, *[v for v in videos if v is not None])
+        dist.barrier()  # no rank tears gloo down while its peer is still using the connection
     finally:
         dist.destroy_process_group()
 

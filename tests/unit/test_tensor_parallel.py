@@ -41,6 +41,7 @@ def _rank(rank: int, ranks: int, port: int, out_path: str) -> None:
         runner = DiTRunner(_cfg(), group=dist.group.WORLD, rank=rank, ranks=ranks)
         outs = _session(runner)
         torch.save(outs, f"{out_path}.{rank}")
+        dist.barrier()  # no rank tears gloo down while its peer is still using the connection
     finally:
         dist.destroy_process_group()
 
