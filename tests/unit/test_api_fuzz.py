@@ -26,9 +26,10 @@ import numpy as np
 import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from memory_scheduler import MemoryScheduler
 from PIL import Image
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
-from test_api_validation import LIMITS, MemoryScheduler, png_header
+from test_api_validation import LIMITS, png_header
 
 from deployments.api import SessionFrontend, build_http_app
 from deployments.auth import ApiKeys

@@ -15,63 +15,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from memory_scheduler import MemoryScheduler
 from PIL import Image
 from starlette.testclient import TestClient
 
 from deployments.api import ApiConfig, SessionFrontend, SessionOut, build_http_app, load_avatar
 from deployments.errors import ApiError
 from deployments.types import (
-    Capacity,
     NoCapacity,
     OutputSpec,
-    SessionEvent,
     SessionInfo,
-    SessionSpec,
     SessionStatus,
-    UnknownSession,
 )
-
-
-class MemoryScheduler:
-    """The scheduler's async interface over a dict; `refuse` makes create_session raise it."""
-
-    def __init__(self) -> None:
-        self.specs: dict[str, SessionSpec] = {}
-        self.infos: dict[str, SessionInfo] = {}
-        self.refuse: Exception | None = None
-
-    async def create_session(self, spec: SessionSpec) -> SessionInfo:
-        if self.refuse is not None:
-            raise self.refuse
-        self.specs[spec.session_id] = spec
-        self.infos[spec.session_id] = SessionInfo(spec.session_id, SessionStatus.STARTING, spec.preset)
-        return self.infos[spec.session_id]
-
-    async def get_session(self, session_id: str) -> SessionInfo:
-        if session_id not in self.infos:
-            raise UnknownSession(session_id)
-        return self.infos[session_id]
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        return list(self.infos.values())
-
-    async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
-        info = await self.get_session(session_id)
-        info.status, info.reason = SessionStatus.ENDED, reason
-        return info
-
-    async def capacity(self) -> Capacity:
-        return Capacity(bundles_total=2, bundles_free=2 - len(self.infos), sessions_running=len(self.infos), queued=0)
-
-    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
-        await self.get_session(session_id)
-
-    async def clear_audio(self, session_id: str) -> None:
-        await self.get_session(session_id)
-
-    async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
-        return []
-
 
 LIMITS = ApiConfig(max_body_bytes=64 * 1024, max_image_bytes=30 * 1024, max_image_pixels=600 * 600,
                    max_duration_s=600)

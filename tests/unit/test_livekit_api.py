@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from memory_scheduler import MemoryScheduler
 from PIL import Image
 from starlette.testclient import TestClient
 
@@ -18,54 +19,20 @@ from deployments.api import ApiConfig, SessionFrontend, build_http_app
 from deployments.auth import ApiKeys
 from deployments.livekit import LiveKitOutput
 from deployments.livekit.runway import RUNWAY_VERSION, preset_face, runway_status
-from deployments.types import Capacity, SessionEvent, SessionInfo, SessionSpec, SessionStatus, UnknownSession
+from deployments.types import SessionInfo, SessionStatus
 
 GEN = MODEL_PRESETS["tiny"].generation
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhdmF0YXIifQ.c2lnbmF0dXJl"
 HEADERS = {"X-Runway-Version": RUNWAY_VERSION, "Authorization": "Bearer runway-secret-0123456789"}
 
 
-class Scheduler:
-    def __init__(self) -> None:
-        self.specs: dict[str, SessionSpec] = {}
-        self.infos: dict[str, SessionInfo] = {}
-
-    async def create_session(self, spec: SessionSpec) -> SessionInfo:
-        self.specs[spec.session_id] = spec
-        self.infos[spec.session_id] = SessionInfo(spec.session_id, SessionStatus.QUEUED, spec.preset)
-        return self.infos[spec.session_id]
-
-    async def get_session(self, session_id: str) -> SessionInfo:
-        if session_id not in self.infos:
-            raise UnknownSession(session_id)
-        return self.infos[session_id]
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        return list(self.infos.values())
-
-    async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
-        info = await self.get_session(session_id)
-        info.status, info.reason = SessionStatus.ENDED, reason
-        return info
-
-    async def capacity(self) -> Capacity:
-        return Capacity(1, 1, 0, 0)
-
-    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None: ...
-
-    async def clear_audio(self, session_id: str) -> None: ...
-
-    async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
-        return []
+@pytest.fixture()
+def sched() -> MemoryScheduler:
+    return MemoryScheduler(created=SessionStatus.QUEUED)
 
 
 @pytest.fixture()
-def sched() -> Scheduler:
-    return Scheduler()
-
-
-@pytest.fixture()
-def client(sched: Scheduler) -> Iterator[TestClient]:
+def client(sched: MemoryScheduler) -> Iterator[TestClient]:
     app = build_http_app(SessionFrontend(sched, ApiConfig(max_duration_s=600)))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
@@ -91,7 +58,8 @@ def error_of(resp: Any) -> tuple[int, str, str | None]:
     return resp.status_code, err["code"], err["field"]
 
 
-def test_create_with_a_preset_face_answers_an_id_and_passes_the_room(client: TestClient, sched: Scheduler) -> None:
+def test_create_with_a_preset_face_answers_an_id_and_passes_the_room(client: TestClient,
+                                                                     sched: MemoryScheduler) -> None:
     resp = client.post("/v1/realtime_sessions", json=body(maxDuration=120), headers=HEADERS)
     assert resp.status_code == 200
     out = resp.json()
@@ -104,13 +72,14 @@ def test_create_with_a_preset_face_answers_an_id_and_passes_the_room(client: Tes
     assert np.array_equal(spec.image, preset_face("sample-face", GEN.height, GEN.width))
 
 
-def test_default_max_duration_unknown_fields_ignored_version_optional(client: TestClient, sched: Scheduler) -> None:
+def test_default_max_duration_unknown_fields_ignored_version_optional(client: TestClient,
+                                                                     sched: MemoryScheduler) -> None:
     resp = client.post("/v1/realtime_sessions", json=body(futureField={"x": 1}))
     assert resp.status_code == 200
     assert sched.specs[resp.json()["id"]].max_duration_s == 300.0
 
 
-def test_custom_avatar_registered_then_used_then_deleted(client: TestClient, sched: Scheduler) -> None:
+def test_custom_avatar_registered_then_used_then_deleted(client: TestClient, sched: MemoryScheduler) -> None:
     reg = client.post("/v1/avatars", json={"image": "data:image/png;base64," + png_b64(), "name": "Ann"})
     assert reg.status_code == 201
     avatar = reg.json()
@@ -144,7 +113,7 @@ def test_create_refusals_have_the_error_shape(client: TestClient, payload: dict[
     assert error_of(client.post("/v1/realtime_sessions", json=payload, headers=headers)) == (status, code, field)
 
 
-def test_get_and_delete_map_statuses(client: TestClient, sched: Scheduler) -> None:
+def test_get_and_delete_map_statuses(client: TestClient, sched: MemoryScheduler) -> None:
     sid = client.post("/v1/realtime_sessions", json=body()).json()["id"]
     sched.infos[sid].status = SessionStatus.RUNNING
     sched.infos[sid].started_at = 1.7e9
@@ -168,7 +137,7 @@ def test_runway_status_mapping() -> None:
     assert runway_status(info(SessionStatus.FAILED, "actor_died")) == "FAILED"
 
 
-def test_runway_routes_need_the_api_key_when_keys_are_on(sched: Scheduler) -> None:
+def test_runway_routes_need_the_api_key_when_keys_are_on(sched: MemoryScheduler) -> None:
     keys = ApiKeys.from_keys([("runway", "runway-secret-0123456789")])
     with TestClient(build_http_app(SessionFrontend(sched, ApiConfig()), keys)) as c:
         assert error_of(c.post("/v1/realtime_sessions", json=body()))[:2] == (401, "missing_api_key")
@@ -192,7 +161,7 @@ def native(output: dict[str, Any]) -> dict[str, Any]:
     return {"avatar": {"image": png_b64()}, "output": output}
 
 
-def test_native_livekit_output_becomes_a_livekit_output_spec(client: TestClient, sched: Scheduler) -> None:
+def test_native_livekit_output_becomes_a_livekit_output_spec(client: TestClient, sched: MemoryScheduler) -> None:
     resp = client.post("/v1/sessions", json=native({"kind": "livekit", "url": "ws://127.0.0.1:7880",
                                                     "roomName": "demo", "apiKey": "key", "apiSecret": "s3cret",
                                                     "agentIdentity": "agent-1"}))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from livekit import api as lkapi
+from memory_scheduler import MemoryScheduler
 
 from characters.telemetry import StageTime
 from deployments import watch
@@ -22,64 +23,25 @@ from deployments.api import ApiConfig, SessionFrontend, build_http_app
 from deployments.auth import ApiKeys
 from deployments.livekit.config import LiveKitOutput
 from deployments.session import StageWindow
-from deployments.types import Capacity, SessionEvent, SessionInfo, SessionSpec, SessionStatus, UnknownSession
 
 ASSETS = Path(__file__).resolve().parents[2] / "characters" / "assets"
 LK = watch.WatchSettings(url="ws://lk.internal:7880", public_url="wss://lk.example.org", api_key="APIkey123",
                          api_secret="a-secret-of-32-characters-or-more!!")
 
 
-class Scheduler:
-    """The scheduler's interface in memory: records what the routes hand it."""
-
-    def __init__(self) -> None:
-        self.specs: dict[str, SessionSpec] = {}
-        self.audio: list[tuple[str, bytes, int, int]] = []
-        self.cleared: list[str] = []
-
-    async def create_session(self, spec: SessionSpec) -> SessionInfo:
-        self.specs[spec.session_id] = spec
-        return SessionInfo(spec.session_id, SessionStatus.STARTING, spec.preset)
-
-    async def get_session(self, session_id: str) -> SessionInfo:
-        if session_id not in self.specs:
-            raise UnknownSession(session_id)
-        return SessionInfo(session_id, SessionStatus.RUNNING, "tiny")
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        return []
-
-    async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
-        return SessionInfo(session_id, SessionStatus.ENDED, "tiny", reason=reason)
-
-    async def capacity(self) -> Capacity:
-        return Capacity(1, 1, 0, 0)
-
-    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
-        await self.get_session(session_id)
-        self.audio.append((session_id, pcm, sample_rate, channels))
-
-    async def clear_audio(self, session_id: str) -> None:
-        await self.get_session(session_id)
-        self.cleared.append(session_id)
-
-    async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
-        return []
-
-
-def make_client(sched: Scheduler, settings: watch.WatchSettings, keys: ApiKeys | None = None,
+def make_client(sched: MemoryScheduler, settings: watch.WatchSettings, keys: ApiKeys | None = None,
                 **config: Any) -> TestClient:
     frontend = SessionFrontend(sched, ApiConfig(**config))
     return TestClient(watch.add_watch_routes(build_http_app(frontend, keys), frontend, settings))
 
 
 @pytest.fixture
-def sched() -> Scheduler:
-    return Scheduler()
+def sched() -> MemoryScheduler:
+    return MemoryScheduler()
 
 
 @pytest.fixture
-def client(sched: Scheduler) -> Iterator[TestClient]:
+def client(sched: MemoryScheduler) -> Iterator[TestClient]:
     with make_client(sched, LK, max_audio_chunk_bytes=64 * 1024) as c:
         yield c
 
@@ -98,7 +60,7 @@ def wav_bytes(pcm: bytes, rate: int = 16000, channels: int = 1, width: int = 2) 
     return buf.getvalue()
 
 
-def test_config_says_whether_livekit_is_configured(sched: Scheduler) -> None:
+def test_config_says_whether_livekit_is_configured(sched: MemoryScheduler) -> None:
     with make_client(sched, watch.WatchSettings()) as off:
         assert off.get("/v1/watch/config").json() == {"livekit": False, "url": None, "preset": "tiny", "width": 272,
                                                        "height": 176, "fps": 24, "maxDuration": 3600.0}
@@ -114,7 +76,7 @@ def test_config_says_whether_livekit_is_configured(sched: Scheduler) -> None:
 
 
 def test_watch_session_publishes_to_its_own_room_and_the_viewer_may_only_subscribe(
-        client: TestClient, sched: Scheduler) -> None:
+        client: TestClient, sched: MemoryScheduler) -> None:
     r = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}, "maxDuration": 60})
     assert r.status_code == 201, r.text
     body = r.json()
@@ -140,7 +102,7 @@ def test_watch_session_publishes_to_its_own_room_and_the_viewer_may_only_subscri
         "someone-elses", True, False, False)
 
 
-def test_agent_audio_over_http_reaches_the_scheduler_intact(client: TestClient, sched: Scheduler) -> None:
+def test_agent_audio_over_http_reaches_the_scheduler_intact(client: TestClient, sched: MemoryScheduler) -> None:
     sid = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}}).json()["session"]["id"]
     speech = (ASSETS / "sample_speech.wav").read_bytes()
     with wave.open(str(ASSETS / "sample_speech.wav")) as w:
@@ -169,7 +131,7 @@ def test_agent_audio_over_http_reaches_the_scheduler_intact(client: TestClient, 
     ("/v1/sessions/{sid}/audio?sampleRate=16000&channels=2", b"\x00\x00", 422, "invalid_field", "pcm"),
     ("/v1/sessions/nope/audio", wav_bytes(b"\x00\x00"), 404, "session_not_found", "id"),
 ])
-def test_agent_audio_refusals(client: TestClient, sched: Scheduler, path: str, content: bytes, status: int,
+def test_agent_audio_refusals(client: TestClient, sched: MemoryScheduler, path: str, content: bytes, status: int,
                               code: str, field: str) -> None:
     sid = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}}).json()["session"]["id"]
     r = client.post(path.format(sid=sid), content=content)
@@ -177,7 +139,7 @@ def test_agent_audio_refusals(client: TestClient, sched: Scheduler, path: str, c
     assert sched.audio == []
 
 
-def test_page_files_are_open_the_api_needs_the_key(sched: Scheduler, tmp_path: Path,
+def test_page_files_are_open_the_api_needs_the_key(sched: MemoryScheduler, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     keys = ApiKeys.from_keys([("web", "k" * 24)])
     (tmp_path / "index.html").write_text("<!doctype html><title>watch</title>")
@@ -195,7 +157,7 @@ def test_page_files_are_open_the_api_needs_the_key(sched: Scheduler, tmp_path: P
         assert c.post("/v1/sessions/x/audio", content=b"\x00\x00").status_code == 401
 
 
-def test_an_unbuilt_page_says_how_to_build_it(sched: Scheduler, tmp_path: Path,
+def test_an_unbuilt_page_says_how_to_build_it(sched: MemoryScheduler, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watch, "PAGE_DIR", tmp_path / "missing")
     with make_client(sched, LK) as c:
