@@ -226,6 +226,18 @@ class TopologyConfig(_Frozen):
         default=None, description="Ray accelerator label to pin sessions to a GPU type (e.g. H100); None: any."
     )
     room_cpus: float = Field(default=1.0, description="CPUs reserved for the room worker.", gt=0)
+    sequence_parallel: bool = Field(
+        default=True,
+        description="With dit_ranks > 1: split the residual stream by tokens between the tensor-parallel layers "
+        "(all-gather before, reduce-scatter after them) so each rank runs 1/dit_ranks of the token-wise work; "
+        "False: every rank holds every token (all-reduce after the row-parallel layers).",
+    )
+    tp_overlap: Literal["none", "ring"] = Field(
+        default="none",
+        description="Sequence-parallel collectives: 'none' = NCCL's all-gather / reduce-scatter next to the GEMMs; "
+        "'ring' = decomposed into peer-to-peer ring steps, each overlapped with the GEMM of the tokens already "
+        "here (all-gather+matmul, matmul+reduce-scatter).",
+    )
 
     @property
     def gpus(self) -> int:

@@ -18,7 +18,7 @@ from torch import nn
 
 from characters.config import ModelConfig
 from characters.kv_cache import KVCache
-from characters.tp import ParallelLinear
+from characters.tp import ParallelLinear, TokenShards
 from kernels.qkv_prep import rms_norm_ref, rope_ref
 
 # attend(layer, qkv (B, T, 3, Hh, Dh), q_norm_weight, k_norm_weight) -> (B, Hh, T, Dh)
@@ -82,14 +82,15 @@ class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.qkv = ParallelLinear(dim, 3 * dim, "column", groups=3)
+        self.qkv = ParallelLinear(dim, 3 * dim, "column", groups=3, sequence=True)
         self.q_norm = nn.Parameter(torch.ones(self.head_dim))
         self.k_norm = nn.Parameter(torch.ones(self.head_dim))
         self.o = ParallelLinear(dim, dim, "row")
 
     def forward(self, x: torch.Tensor, layer: int, attend: AttendFn) -> torch.Tensor:
-        b, t, _ = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim)  # (B, T, 3, Hh, Dh)
+        qkv = self.qkv(x)  # (B, T, 3*Hh*Dh): every token, also when x holds only this rank's (sequence parallel)
+        b, t = qkv.shape[:2]
+        qkv = qkv.view(b, t, 3, self.num_heads, self.head_dim)  # (B, T, 3, Hh, Dh)
         out = attend(layer, qkv, self.q_norm, self.k_norm)  # (B, Hh, T, Dh)
         return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
 
@@ -101,17 +102,18 @@ class AudioCrossAttention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.eps = num_heads, dim // num_heads, eps
         self.ops = _PLAIN
-        self.q = ParallelLinear(dim, dim, "column")
+        self.q = ParallelLinear(dim, dim, "column", sequence=True)
         self.kv = ParallelLinear(cross_dim, 2 * dim, "column", groups=2)
         self.q_norm = nn.Parameter(torch.ones(self.head_dim))
         self.k_norm = nn.Parameter(torch.ones(self.head_dim))
         self.o = ParallelLinear(dim, dim, "row")
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
+        q = self.q(x)  # (B, T, Hh*Dh): every token (x may hold only this rank's)
+        b, t = q.shape[:2]
         nf, a = ctx.shape[1], ctx.shape[2]
         hh, dh = self.num_heads, self.head_dim
-        q = self.ops.head_norm(self.q(x).view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
+        q = self.ops.head_norm(q.view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
         k = self.ops.head_norm(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -127,13 +129,13 @@ class Block(nn.Module):
         self.self_attn = SelfAttention(d.dim, d.num_heads)
         self.norm3 = nn.LayerNorm(d.dim, eps=d.eps)
         self.cross_attn = AudioCrossAttention(d.dim, d.cross_dim, d.num_heads, d.eps)
-        self.fc1 = ParallelLinear(d.dim, d.ffn_dim, "column")
+        self.fc1 = ParallelLinear(d.dim, d.ffn_dim, "column", sequence=True)
         self.fc2 = ParallelLinear(d.ffn_dim, d.dim, "row")
         self.modulation = nn.Parameter(torch.zeros(1, 1, 6, d.dim))
 
     def forward(self, x: torch.Tensor, e: torch.Tensor, ctx: torch.Tensor, layer: int,
                 attend: AttendFn) -> torch.Tensor:
-        # x (B, T, D); e (B, 1 or T, 6, D); ctx (B, nF, A, Dc)
+        # x (B, T, D) (sequence parallel: this rank's (B, m, D)); e (B, 1 or T, 6, D); ctx (B, nF, A, Dc)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (self.modulation + e).unbind(2)  # each (B, L, D)
         ops, eps = self.ops, self.eps
         h = ops.modulate(x, shift_a, scale_a, eps)
@@ -172,6 +174,7 @@ class CausalDiT(nn.Module):
         self.head_modulation = nn.Parameter(torch.zeros(1, 2, d.dim))
         self.head = nn.Linear(d.dim, d.latent_channels * ph * pw)
         self.register_buffer("audio_index", self._audio_index(), persistent=False)  # (Cf, A)
+        self.shards: TokenShards | None = None  # sequence parallelism's token split (set by apply_tensor_parallel)
 
     def _audio_index(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Audio frame index of each latent frame's A tokens within the encoder's Fa frames."""
@@ -191,10 +194,11 @@ class CausalDiT(nn.Module):
 
     # ------------------------------------------------------------------ pieces
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, nF, h, w) latents -> (B, T, C*ph*pw) patches (embedded in `_run`)."""
         b, c, nf, h, w = x.shape
         ph, pw = self.cfg.dit.patch_size
         x = x.view(b, c, nf, h // ph, ph, w // pw, pw).permute(0, 2, 3, 5, 1, 4, 6)  # (B, nF, gh, gw, C, ph, pw)
-        return self.patch_embed(x.reshape(b, nf * (h // ph) * (w // pw), c * ph * pw))  # (B, T, D)
+        return x.reshape(b, nf * (h // ph) * (w // pw), c * ph * pw)  # (B, T, C*ph*pw)
 
     def unpatchify(self, y: torch.Tensor, nf: int) -> torch.Tensor:
         b = y.shape[0]
@@ -215,15 +219,24 @@ class CausalDiT(nn.Module):
         e0 = self.time_embed(emb).view(b, ln, -1)
         return e0, self.time_proj(e0).view(b, ln, 6, -1)
 
-    def _run(self, tokens: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int,
+    def _run(self, patches: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int,
              attend: AttendFn) -> torch.Tensor:
-        dtype = tokens.dtype
+        # patches (B, T, C*ph*pw); t (B, 1 or T). Under sequence parallelism the residual stream holds
+        # this rank's m rows of tokens from the embedding to the head; the head's output is gathered.
+        dtype, shards = patches.dtype, self.shards
         e0, e = self.modulation(t)
-        e0, e = e0.to(dtype), e.to(dtype)
+        e0, e = e0.to(dtype), e.to(dtype)  # (B, L, D), (B, L, 6, D)
+        if shards is not None:
+            shards.begin(patches.shape[1])
+            patches = shards.split(patches)  # (B, m, C*ph*pw)
+            if e.shape[1] > 1:  # a timestep per token (forward_sequence)
+                e0, e = shards.split(e0), shards.split(e)
+        tokens = self.patch_embed(patches)  # (B, T or m, D)
         for i, block in enumerate(self.blocks):
             tokens = block(tokens, e, ctx.to(dtype), i, attend)
         shift, scale = (self.head_modulation + e0[:, :, None, :]).unbind(2)  # (B, L, D) each
-        return self.unpatchify(self.head(self.head_norm(tokens) * (1 + scale) + shift), nf)
+        out = self.head(self.head_norm(tokens) * (1 + scale) + shift)  # (B, T or m, C*ph*pw)
+        return self.unpatchify(out if shards is None else shards.gather(out), nf)
 
     # ------------------------------------------------------------------ entry points
     def forward(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],

@@ -21,7 +21,7 @@ from characters.dit import CausalDiT
 from characters.kv_cache import KVCache
 from characters.rope import RopeTables
 from characters.telemetry import StageRecorder
-from characters.tp import apply_tensor_parallel
+from characters.tp import Overlap, apply_tensor_parallel, set_overlap
 from characters.vae import CausalDecoder, VAEEncoder
 from characters.weights import init_weights, load_dit_weights, load_weights, resolve_weights, seeded_build
 from kernels.attention import AttentionBackend, pick_backend
@@ -55,14 +55,16 @@ class DiTRunner:
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
                  group: dist.ProcessGroup | None = None, rank: int = 0, ranks: int = 1,
                  attention_backend: AttentionBackend | Literal["auto"] = "auto", communicate: bool = True,
-                 fuse: bool | None = None) -> None:
+                 fuse: bool | None = None, tp_overlap: Overlap | None = None) -> None:
+        """`tp_overlap` overrides the topology's `tp_overlap` (sequence-parallel collectives)."""
         self.cfg, self.device = cfg, torch.device(device)
-        m = cfg.model
+        m, topo = cfg.model, cfg.topology
         self.dtype = torch_dtype(cfg.dtype)
         check_tensor_parallel(m.dit, ranks)
         with torch.device("meta"):
             dit = CausalDiT(m)
-        apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate)
+        apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate,
+                              sequence_parallel=topo.sequence_parallel, overlap=tp_overlap or topo.tp_overlap)
         init_weights(dit.to(self.dtype), cfg.seed, device=self.device)  # materialise in the compute dtype
         self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         self.weights = resolve_weights(cfg)  # None: seeded random weights
@@ -187,6 +189,12 @@ class DiTRunner:
         if record is not None:
             record.append(ForwardRecord(x_in.clone(), t, ctx.clone(), v.float().clone()))
         return x
+
+    def set_tp_overlap(self, overlap: Overlap) -> None:
+        """Switch the sequence-parallel collectives ('none' / 'ring') at run time, on every rank alike
+        between chunks. Captured graphs hold the old path: they are dropped (`capture_graphs` again)."""
+        set_overlap(self.dit, overlap)
+        self.graphs, self._graph_out = {}, {}
 
     @torch.inference_mode()
     def capture_graphs(self, warmup: int = 2, share_pool: bool = True) -> None:

@@ -49,14 +49,17 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
                 for n, p in m.named_parameters(recurse=False) if n == "weight")
     total = sum(p.numel() for p in model.parameters())
     kv_weights = sum(b.cross_attn.kv.weight.numel() for b in model.blocks if isinstance(b, Block))
-    per_token = sum(p.numel() for p in (model.patch_embed.weight, model.head.weight))  # replicated, per token
+    # the patch embedding and head: per token; each rank runs its own tokens under sequence parallelism
+    per_token = sum(p.numel() for p in (model.patch_embed.weight, model.head.weight))
     per_vector = sum(p.numel() for p in [*model.time_embed.parameters(), *model.time_proj.parameters()])
     audio_embed = sum(p.numel() for p in model.audio_embed.parameters())
     attn = d.num_layers * (4 * t * s * d.dim + 4 * t * cfg.audio_tokens_per_latent * d.dim)
     split_flops = 2 * t * (split - kv_weights) + 2 * audio_tokens * kv_weights + attn
-    rep_flops = 2 * t * per_token + 2 * per_vector + 2 * audio_tokens * audio_embed
-    per_forward = float(split_flops + rep_flops)
-    per_forward_rank = split_flops / ranks + rep_flops
+    token_flops = 2 * t * per_token
+    rep_flops = 2 * per_vector + 2 * audio_tokens * audio_embed
+    per_forward = float(split_flops + token_flops + rep_flops)
+    token_share = ranks if session.topology.sequence_parallel else 1
+    per_forward_rank = split_flops / ranks + token_flops / token_share + rep_flops
     n = g.forwards_per_chunk
     return ChunkCost(params=total, params_per_rank=(split // ranks) + (total - split), tokens_per_chunk=t,
                      cache_tokens=s, forwards_per_chunk=n, flops_per_forward=per_forward,

@@ -5,10 +5,23 @@ Every linear layer that tensor parallelism splits is a `ParallelLinear` that kno
 - ``column``: output features are split across ranks (Q/K/V projections, the MLP's first layer).
   ``groups`` > 1 splits each of several fused outputs separately (fused QKV: each of Q, K and V
   is split by heads, so rank r holds heads [r*Hl, (r+1)*Hl) of all three).
-- ``row``: input features are split; partial outputs are summed with an all-reduce; rank 0 alone
-  adds the bias (in its GEMM), so the sum carries it once (output projections, the MLP's second layer).
+- ``row``: input features are split; partial outputs are summed across ranks; rank 0 alone adds
+  the bias (in its GEMM), so the sum carries it once (output projections, the MLP's second layer).
 
-On one device (``size == 1``) both are a plain linear layer. `apply_tensor_parallel(model, group)`
+Sequence parallelism (Megatron-style, on by default with more than one rank): between a row layer
+and the next column layer the residual stream is split by tokens, so each rank runs the norms,
+modulation and residual adds on its own ceil(T/n) rows. Column layers that read the residual
+stream (``sequence=True``) all-gather their input's tokens first; row layers reduce-scatter their
+output by tokens instead of all-reducing it. The bytes moved are those of the all-reduce (an
+all-reduce is a reduce-scatter plus an all-gather); the elementwise work per rank drops n-fold.
+`TokenShards` owns this split and its collectives:
+
+- ``overlap="none"``: one all-gather before the GEMM, one reduce-scatter after it (NCCL's own).
+- ``overlap="ring"``: the collective decomposed into n-1 ring steps of peer-to-peer sends, each
+  overlapped with the GEMM of the token block already here (all-gather+matmul, matmul+reduce-
+  scatter). Any backend with send/recv (NCCL, gloo); equal to ``"none"`` up to the order of the sum.
+
+On one device (``size == 1``) all of it is a plain linear layer. `apply_tensor_parallel(model, group)`
 slices the weights each rank keeps and divides every attention module's head count; the
 parameter's logical (unsplit) shape stays known through `full_shape`, which is what seeded
 initialisation and sharded checkpoints use.
@@ -20,20 +33,156 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 Mode = Literal["column", "row"]
+Overlap = Literal["none", "ring"]
+OVERLAPS: tuple[Overlap, ...] = ("none", "ring")
+
+
+class TokenShards:
+    """How the T tokens of the current forward are split over the ranks, and the collectives that
+    move between the split and the whole.
+
+    Rank r owns rows [r*m, (r+1)*m) with m = ceil(T/n); rows past T (only when n does not divide T)
+    are zero padding that the token-wise ops carry along and every gather drops. `begin(T)` is called
+    once per forward, before any layer runs (T is a host int: static per captured graph).
+    `communicate=False` leaves the collectives out (one rank's compute alone, for benchmarks): a
+    gather then fills only this rank's rows, so shapes and FLOPs are the rank's own.
+    """
+
+    def __init__(self, rank: int, size: int, group: dist.ProcessGroup | None, *, overlap: Overlap = "none",
+                 communicate: bool = True) -> None:
+        if overlap not in OVERLAPS:
+            raise ValueError(f"tp overlap={overlap!r} is unknown; expected one of {list(OVERLAPS)}")
+        self.rank, self.size, self.group = rank, size, group
+        self.overlap: Overlap = overlap
+        self.communicate = communicate
+        self.tokens, self.rows = 0, 0
+
+    def begin(self, tokens: int) -> None:
+        self.tokens, self.rows = tokens, -(-tokens // self.size)
+
+    # ------------------------------------------------------------------ layout helpers
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (B, n*m, ...), zero rows appended when n does not divide T."""
+        pad = self.size * self.rows - x.shape[1]
+        if pad == 0:
+            return x
+        return F.pad(x, (0, 0) * (x.ndim - 2) + (0, pad))
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a tensor every rank holds whole. (B, T, ...) -> (B, m, ...)"""
+        m = self.rows
+        return self._padded(x)[:, self.rank * m:(self.rank + 1) * m]
+
+    def _blocks(self, b: int, width: int, like: torch.Tensor) -> torch.Tensor:
+        """A gather buffer (n, B, m, width): block c holds rank c's rows, contiguous for send/recv."""
+        return torch.empty(self.size, b, self.rows, width, device=like.device, dtype=like.dtype)
+
+    def _whole(self, blocks: torch.Tensor) -> torch.Tensor:
+        """(n, B, m, W) -> (B, T, W); a view for B == 1."""
+        n, b, m, w = blocks.shape
+        return blocks.transpose(0, 1).reshape(b, n * m, w)[:, :self.tokens]
+
+    def _row_range(self, c: int) -> tuple[int, int]:
+        return c * self.rows, min((c + 1) * self.rows, self.tokens)
+
+    # ------------------------------------------------------------------ collectives
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """All ranks' rows, whole: (B, m, W) -> (B, T, W)."""
+        blocks = self._blocks(x.shape[0], x.shape[-1], x)  # (n, B, m, W)
+        if not self.communicate:
+            blocks[self.rank].copy_(x)
+        else:
+            dist.all_gather_into_tensor(blocks.flatten(0, 1), x.contiguous(), group=self.group)  # (n*B, m, W)
+        return self._whole(blocks)
+
+    def gather_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """linear(all-gather(x)): (B, m, K) local rows -> (B, T, N) every token, this rank's features."""
+        if self.overlap == "none" or not self.communicate:
+            return F.linear(self.gather(x), weight, bias)
+        n, r = self.size, self.rank
+        b = x.shape[0]
+        blocks = self._blocks(b, x.shape[-1], x)  # (n, B, m, K): the ring fills it block by block
+        out = torch.empty(n, b, self.rows, weight.shape[0], device=x.device, dtype=x.dtype)  # (n, B, m, N)
+        blocks[r].copy_(x)
+        for s in range(n):
+            c = (r - s) % n  # the block here at step s
+            pending = []
+            if s < n - 1:  # pass block c on while its GEMM runs; the previous rank's block comes in
+                pending = dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, blocks[c], (r + 1) % n, self.group),
+                    dist.P2POp(dist.irecv, blocks[(c - 1) % n], (r - 1) % n, self.group),
+                ])
+            _linear_into(out[c], blocks[c], weight, bias)
+            for work in pending:
+                work.wait()
+        return self._whole(out)
+
+    def linear_reduce_scatter(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                              ) -> torch.Tensor:
+        """Sum over ranks of linear(x), this rank's rows: (B, T, K) every token -> (B, m, N).
+        `bias` is added by exactly one rank (the caller passes it on rank 0 only)."""
+        n, r, m = self.size, self.rank, self.rows
+        if not self.communicate:
+            lo, hi = self._row_range(r)
+            return self._padded_rows(F.linear(x[:, lo:hi], weight, bias))
+        if self.overlap == "none":
+            partial = self._padded(F.linear(x, weight, bias))  # (B, n*m, N)
+            b = partial.shape[0]
+            blocks = partial.view(b, n, m, -1).transpose(0, 1).contiguous()  # (n, B, m, N); a view for B == 1
+            out = torch.empty_like(blocks[0])
+            dist.reduce_scatter_tensor(out, blocks.flatten(0, 1), group=self.group)  # (n*B, m, N) -> (B, m, N)
+            return out
+        # ring: block c's sum starts at rank c+1 and gathers one rank's partial per step, ending at rank c
+        inbox = [torch.empty(x.shape[0], m, weight.shape[0], device=x.device, dtype=x.dtype) for _ in range(2)]
+        pending: list[dist.Work] = []
+        acc = x.new_empty(0)
+        for s in range(n):
+            c = (r - s - 1) % n
+            lo, hi = self._row_range(c)
+            part = self._padded_rows(F.linear(x[:, lo:hi], weight, bias))  # (B, m, N): runs while the ring moves
+            for work in pending:
+                work.wait()
+            acc = part if s == 0 else part.add_(inbox[(s - 1) % 2])
+            if s < n - 1:
+                pending = dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, acc, (r + 1) % n, self.group),
+                    dist.P2POp(dist.irecv, inbox[s % 2], (r - 1) % n, self.group),
+                ])
+        return acc
+
+    def _padded_rows(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, rows <= m, N) -> (B, m, N) with zero rows appended (the last block when n does not divide T)."""
+        pad = self.rows - y.shape[1]
+        return y if pad == 0 else F.pad(y, (0, 0, 0, pad))
+
+
+def _linear_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """out = linear(x), written in place (no copy of the GEMM's result). x (..., K), out (..., N), both contiguous."""
+    x2, out2 = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])  # (rows, K), (rows, N)
+    if bias is None:
+        torch.mm(x2, weight.t(), out=out2)
+    else:
+        torch.addmm(bias, x2, weight.t(), out=out2)
 
 
 class ParallelLinear(nn.Linear):
-    def __init__(self, in_features: int, out_features: int, mode: Mode, *, groups: int = 1, bias: bool = True) -> None:
+    def __init__(self, in_features: int, out_features: int, mode: Mode, *, groups: int = 1, bias: bool = True,
+                 sequence: bool = False) -> None:
+        """`sequence`: a column layer whose input is the residual stream (split by tokens under sequence
+        parallelism, so gathered first). Row layers always scatter by tokens under sequence parallelism."""
         super().__init__(in_features, out_features, bias=bias)
         self.mode: Mode = mode
         self.groups = groups
+        self.sequence = sequence or mode == "row"
         self.full_in, self.full_out = in_features, out_features
         self.tp_rank, self.tp_size = 0, 1
         self.group: dist.ProcessGroup | None = None
         self.communicate = True
+        self.shards: TokenShards | None = None
 
     def shard_tensor(self, name: Literal["weight", "bias"], full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the logical (unsplit) `weight` or `bias` tensor."""
@@ -52,14 +201,17 @@ class ParallelLinear(nn.Linear):
     def full_shape(self, name: Literal["weight", "bias"]) -> tuple[int, ...]:
         return (self.full_out, self.full_in) if name == "weight" else (self.full_out,)
 
-    def shard_(self, rank: int, size: int, group: dist.ProcessGroup | None, communicate: bool = True) -> None:
+    def shard_(self, rank: int, size: int, group: dist.ProcessGroup | None, communicate: bool = True,
+               shards: TokenShards | None = None) -> None:
         """Keep this rank's slice of the current (full) weights. `communicate=False` skips the
-        all-reduce (one rank's compute alone, for benchmarks: the output is then not the model's)."""
+        collectives (one rank's compute alone, for benchmarks: the output is then not the model's).
+        `shards`: sequence parallelism's token split (None: replicated tokens, all-reduce)."""
         if size == 1:
             return
         if self.tp_size != 1:
             raise RuntimeError("ParallelLinear is already sharded; shard a freshly built model")
         self.tp_rank, self.tp_size, self.group, self.communicate = rank, size, group, communicate
+        self.shards = shards if self.sequence else None
         with torch.no_grad():
             self.weight = nn.Parameter(self.shard_tensor("weight", self.weight).clone())
             if self.bias is not None:
@@ -70,22 +222,31 @@ class ParallelLinear(nn.Linear):
             self.out_features //= size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mode == "column" or self.tp_size == 1:
+        if self.tp_size == 1:
             return super().forward(x)
-        # rank 0 adds the bias in the GEMM's epilogue; the all-reduce then counts it exactly once
-        y = torch.nn.functional.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        if self.mode == "column":
+            return super().forward(x) if self.shards is None else self.shards.gather_linear(x, self.weight, self.bias)
+        # rank 0 adds the bias in the GEMM's epilogue; the sum over ranks then counts it exactly once
+        bias = self.bias if self.tp_rank == 0 else None
+        if self.shards is not None:
+            return self.shards.linear_reduce_scatter(x, self.weight, bias)
+        y = F.linear(x, self.weight, bias)
         if self.communicate:
             dist.all_reduce(y, group=self.group)
         return y
 
 
 def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = None, *,
-                          rank: int | None = None, size: int | None = None, communicate: bool = True) -> nn.Module:
+                          rank: int | None = None, size: int | None = None, communicate: bool = True,
+                          sequence_parallel: bool = True, overlap: Overlap = "none") -> nn.Module:
     """Split `model` in place for tensor-parallel rank `rank` of `size` (default: from `group`).
 
-    Modules with a `num_heads` attribute have it divided by `size`. `communicate=False` builds one
-    rank's share with no collectives (benchmarks of a rank's compute alone). Building the model on the
-    ``meta`` device first and sharding before materialising keeps memory to one rank's share.
+    Modules with a `num_heads` attribute have it divided by `size`. With `sequence_parallel`, one
+    `TokenShards` is shared by every sequence layer and set as the `shards` attribute of each module
+    that declares one (the model splits and gathers its tokens through it); `overlap` picks its
+    collectives. `communicate=False` builds one rank's share with no collectives (benchmarks of a
+    rank's compute alone). Building the model on the ``meta`` device first and sharding before
+    materialising keeps memory to one rank's share.
     """
     if size is None:
         size = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -93,12 +254,24 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
         rank = dist.get_rank(group) if dist.is_initialized() else 0
     if size == 1:
         return model
+    shards = TokenShards(rank, size, group, overlap=overlap, communicate=communicate) if sequence_parallel else None
     for module in model.modules():
         if isinstance(module, ParallelLinear):
-            module.shard_(rank, size, group, communicate)
+            module.shard_(rank, size, group, communicate, shards)
+        elif hasattr(module, "shards"):  # the model that splits and gathers its tokens
+            setattr(module, "shards", shards)  # noqa: B010 (any module declaring it)
         heads = getattr(module, "num_heads", None)
         if isinstance(heads, int) and not isinstance(module, nn.MultiheadAttention):
             if heads % size:
                 raise ValueError(f"{type(module).__name__}.num_heads={heads} is not divisible by {size} ranks")
             setattr(module, "num_heads", heads // size)  # noqa: B010 (any attention-like module)
     return model
+
+
+def set_overlap(model: nn.Module, overlap: Overlap) -> None:
+    """Switch a sequence-parallel model's collectives at run time (recapture CUDA graphs afterwards)."""
+    if overlap not in OVERLAPS:
+        raise ValueError(f"tp overlap={overlap!r} is unknown; expected one of {list(OVERLAPS)}")
+    for module in model.modules():
+        if isinstance(module, ParallelLinear) and module.shards is not None:
+            module.shards.overlap = overlap

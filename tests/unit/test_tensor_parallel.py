@@ -1,49 +1,77 @@
-"""Tensor parallelism over gloo on the CPU: TP=2 and TP=4 sessions equal TP=1."""
+"""Tensor parallelism over gloo on the CPU: TP=2, 3 and 4 sessions equal TP=1, with and without sequence
+parallelism, with NCCL-style collectives and with the ring-overlapped ones, and switching between them."""
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 from characters.config import session_config
 from characters.engine import DiTRunner
+from characters.tp import TokenShards
 
 CHUNKS = 5
 
 
-def _cfg():  # type: ignore[no-untyped-def]
-    return session_config("tiny", "cpu", seed=9, model={"dit": {"num_layers": 2}})
+def _topology(sequence_parallel: bool) -> dict[str, object]:
+    # the rank count comes from DiTRunner's `ranks`; the topology carries the parallelism options
+    return {"name": "cpu", "dit_ranks": 1, "decoder_gpus": 0, "sequence_parallel": sequence_parallel}
 
 
-def _session(runner: DiTRunner) -> list[torch.Tensor]:
+def _cfg(sequence_parallel: bool = True):  # type: ignore[no-untyped-def]
+    # 6 heads split over 2 and 3 ranks; over 4, tiny's own 4 heads (`_cfg_for`)
+    return session_config("tiny", _topology(sequence_parallel), seed=9,
+                          model={"dit": {"num_layers": 2, "num_heads": 6}})
+
+
+def _cfg_for(ranks: int, sequence_parallel: bool = True):  # type: ignore[no-untyped-def]
+    cfg = _cfg(sequence_parallel)
+    if cfg.model.dit.num_heads % ranks:
+        cfg = session_config("tiny", _topology(sequence_parallel), seed=9, model={"dit": {"num_layers": 2}})
+    return cfg
+
+
+def _session(runner: DiTRunner, switch_at: int | None = None) -> list[torch.Tensor]:
     h, w = runner.cfg.model.latent_hw
     ref = torch.randn(1, runner.cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(1))
     runner.start(ref)
     rng = np.random.default_rng(0)
     outs = []
-    for _ in range(CHUNKS):
+    for k in range(CHUNKS):
+        if k == switch_at:
+            runner.set_tp_overlap("ring")
         pcm = rng.uniform(-0.5, 0.5, runner.frontend.expected_samples).astype(np.float32)
         outs.append(runner.step(pcm).clone())
     return outs
 
 
-def _rank(rank: int, ranks: int, port: int, out_path: str) -> None:
+def _spawn(fn: Callable[..., None], ranks: int, *args: object) -> None:
+    mp.spawn(_bootstrap, args=(fn, ranks, _free_port(), *args), nprocs=ranks, join=True)
+
+
+def _bootstrap(rank: int, fn: Callable[..., None], ranks: int, port: int, *args: object) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
     try:
-        runner = DiTRunner(_cfg(), group=dist.group.WORLD, rank=rank, ranks=ranks)
-        outs = _session(runner)
-        torch.save(outs, f"{out_path}.{rank}")
+        fn(rank, ranks, *args)
         dist.barrier()  # no rank tears gloo down while its peer is still using the connection
     finally:
         dist.destroy_process_group()
+
+
+def _session_rank(rank: int, ranks: int, sp: bool, overlap: str, switch_at: int | None, out_path: str) -> None:
+    runner = DiTRunner(_cfg_for(ranks, sp), group=dist.group.WORLD, rank=rank, ranks=ranks,
+                       tp_overlap=overlap)  # type: ignore[arg-type]
+    torch.save(_session(runner, switch_at), f"{out_path}.{rank}")
 
 
 def _free_port() -> int:
@@ -52,24 +80,89 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_tensor_parallel_equals_single_rank(ranks: int, tmp_path) -> None:
-    expected = _session(DiTRunner(_cfg()))
-    mp.spawn(_rank, args=(ranks, _free_port(), str(tmp_path / "out")), nprocs=ranks, join=True)
+@pytest.mark.parametrize(("ranks", "sp", "overlap", "switch_at"), [
+    (2, False, "none", None),  # all-reduce after the row layers, every rank holds every token
+    (2, True, "none", None),
+    (2, True, "ring", None),
+    (3, True, "ring", None),
+    (4, True, "none", None),
+    (4, True, "ring", None),
+    (3, True, "none", 2),  # switched to the ring between chunks 1 and 2
+])
+def test_tensor_parallel_equals_single_rank(ranks: int, sp: bool, overlap: str, switch_at: int | None,
+                                            tmp_path) -> None:
+    expected = _session(DiTRunner(_cfg_for(ranks)))
+    _spawn(_session_rank, ranks, sp, overlap, switch_at, str(tmp_path / "out"))
     for rank in range(ranks):
         got = torch.load(tmp_path / f"out.{rank}")
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_rank_holds_its_share_of_heads() -> None:
-    runner = DiTRunner(_cfg(), rank=1, ranks=4, communicate=False)
+# ---------------------------------------------------------------- the collectives next to the GEMMs
+
+def _shards_rank(rank: int, ranks: int, tokens: int, batch: int, out_path: str) -> None:
+    g = torch.Generator().manual_seed(3)  # every rank draws the same whole tensors
+    x = torch.randn(batch, tokens, 40, generator=g)  # (B, T, K) the residual stream, whole
+    w_col = torch.randn(24, 40, generator=g)  # this rank's column block (any: same on every rank is fine)
+    b_col = torch.randn(24, generator=g)
+    h = torch.randn(ranks, batch, tokens, 16, generator=g)  # (n, B, T, K/n): each rank's slice of a row input
+    w_row = torch.randn(ranks, 40, 16, generator=g)  # each rank's row block
+    b_row = torch.randn(40, generator=g)
+    got = {}
+    for overlap in ("none", "ring"):
+        shards = TokenShards(rank, ranks, dist.group.WORLD, overlap=overlap)  # type: ignore[arg-type]
+        shards.begin(tokens)
+        local = shards.split(x)  # (B, m, K)
+        got[f"gather_linear_{overlap}"] = shards.gather_linear(local, w_col, b_col)
+        got[f"reduce_scatter_{overlap}"] = shards.linear_reduce_scatter(h[rank], w_row[rank],
+                                                                       b_row if rank == 0 else None)
+        got["gather"] = shards.gather(local)
+    torch.save(got, f"{out_path}.{rank}")
+
+
+@pytest.mark.parametrize(("ranks", "tokens", "batch"), [(2, 10, 1), (3, 10, 1), (4, 12, 2), (3, 2, 1)])
+def test_token_shards_collectives_equal_the_whole(ranks: int, tokens: int, batch: int, tmp_path) -> None:
+    """gather+linear and linear+reduce-scatter, NCCL-style and ring, equal the unsplit computation: tokens
+    that the ranks divide and that they do not (padding), B > 1, and fewer tokens than ranks."""
+    _spawn(_shards_rank, ranks, tokens, batch, str(tmp_path / "out"))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(batch, tokens, 40, generator=g)
+    w_col, b_col = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
+    h, w_row = torch.randn(ranks, batch, tokens, 16, generator=g), torch.randn(ranks, 40, 16, generator=g)
+    b_row = torch.randn(40, generator=g)
+    col = F.linear(x, w_col, b_col)  # (B, T, 24)
+    row = sum(F.linear(h[r], w_row[r]) for r in range(ranks)) + b_row  # (B, T, 40)
+    m = -(-tokens // ranks)
+    for rank in range(ranks):
+        got = torch.load(tmp_path / f"out.{rank}")
+        torch.testing.assert_close(got["gather"], x)
+        for overlap in ("none", "ring"):
+            torch.testing.assert_close(got[f"gather_linear_{overlap}"], col)
+            mine = got[f"reduce_scatter_{overlap}"]  # (B, m, 40): this rank's rows, zero past T
+            assert mine.shape == (batch, m, 40)
+            lo, hi = min(rank * m, tokens), min((rank + 1) * m, tokens)
+            torch.testing.assert_close(mine[:, :hi - lo], row[:, lo:hi])
+            assert not mine[:, hi - lo:].any()
+
+
+def test_rank_holds_its_share_of_heads_and_tokens() -> None:
+    runner = DiTRunner(_cfg_for(4), rank=1, ranks=4, communicate=False)
     attn = runner.dit.blocks[0].self_attn
     assert attn.num_heads == 1 and attn.qkv.weight.shape == (3 * 48, 192)
     assert runner.dit.blocks[0].fc1.weight.shape == (768 // 4, 192)
     assert runner.cache.k.shape[2] == 1  # (L, B, Hh, S, Dh): one local head
+    shards = runner.dit.shards
+    assert shards is not None and attn.qkv.shards is shards and runner.dit.blocks[0].cross_attn.kv.shards is None
+    shards.begin(runner.cfg.model.tokens_per_chunk)
+    assert shards.rows == 47  # ceil(187 / 4): the token-wise work of one rank
 
 
 def test_tensor_parallel_split_that_does_not_divide_is_refused() -> None:
     with pytest.raises(ValueError, match="num_heads=4 is not divisible by 3"):
-        DiTRunner(_cfg(), rank=0, ranks=3, communicate=False)
+        DiTRunner(_cfg_for(4), rank=0, ranks=3, communicate=False)
+
+
+def test_unknown_overlap_is_refused() -> None:
+    with pytest.raises(ValueError, match="tp overlap='fused' is unknown"):
+        TokenShards(0, 2, None, overlap="fused")  # type: ignore[arg-type]
