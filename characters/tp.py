@@ -60,6 +60,7 @@ class TokenShards:
         self.overlap: Overlap = overlap
         self.communicate = communicate
         self.tokens, self.rows = 0, 0
+        self._standins: dict[tuple[object, ...], torch.Tensor] = {}
 
     def begin(self, tokens: int) -> None:
         self.tokens, self.rows = tokens, -(-tokens // self.size)
@@ -92,12 +93,23 @@ class TokenShards:
     # ------------------------------------------------------------------ collectives
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """All ranks' rows, whole: (B, m, W) -> (B, T, W)."""
-        blocks = self._blocks(x.shape[0], x.shape[-1], x)  # (n, B, m, W)
         if not self.communicate:
+            blocks = self._standin(x)
             blocks[self.rank].copy_(x)
-        else:
-            dist.all_gather_into_tensor(blocks.flatten(0, 1), x.contiguous(), group=self.group)  # (n*B, m, W)
+            return self._whole(blocks)
+        blocks = self._blocks(x.shape[0], x.shape[-1], x)  # (n, B, m, W)
+        dist.all_gather_into_tensor(blocks.flatten(0, 1), x.contiguous(), group=self.group)  # (n*B, m, W)
         return self._whole(blocks)
+
+    def _standin(self, x: torch.Tensor) -> torch.Tensor:
+        """Without communication: a zero-filled gather buffer kept per shape (made on first use, outside any
+        graph capture), so the other ranks' rows hold zeros, not stale memory (denormals and NaNs in stale
+        memory slow CPU math), and no memset lands in the timed step."""
+        key = (x.shape[0], self.rows, x.shape[-1], x.dtype, x.device)
+        buf = self._standins.get(key)
+        if buf is None:
+            buf = self._standins[key] = self._blocks(x.shape[0], x.shape[-1], x).zero_()
+        return buf
 
     def gather_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """linear(all-gather(x)): (B, m, K) local rows -> (B, T, N) every token, this rank's features."""
@@ -126,9 +138,8 @@ class TokenShards:
         """Sum over ranks of linear(x), this rank's rows: (B, T, K) every token -> (B, m, N).
         `bias` is added by exactly one rank (the caller passes it on rank 0 only)."""
         n, r, m = self.size, self.rank, self.rows
-        if not self.communicate:
-            lo, hi = self._row_range(r)
-            return self._padded_rows(F.linear(x[:, lo:hi], weight, bias))
+        if not self.communicate:  # the rank's GEMM over every token, as in the real path; its rows kept
+            return self._padded(F.linear(x, weight, bias))[:, r * m:(r + 1) * m]
         if self.overlap == "none":
             partial = self._padded(F.linear(x, weight, bias))  # (B, n*m, N)
             b = partial.shape[0]

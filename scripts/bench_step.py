@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from characters.config import session_config
+from characters.config import TOPOLOGIES, session_config
 from characters.engine import DecoderRunner, DiTRunner
 from characters.flops import chunk_cost
 from kernels.attention import attention
@@ -90,12 +90,16 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, trials: int = 5) -> fl
 
 
 def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dict[str, float]:
-    """mode: write_time | naive, with the suffix `_unfused` for plain (uncompiled) elementwise steps."""
-    cache_mode = mode.removesuffix("_unfused")
-    cfg = session_config(args.preset, args.topology, dtype=args.dtype, model={"generation": {"cache_mode": cache_mode}})
+    """mode: write_time | naive, then optional suffixes: `_unfused` for plain (uncompiled) elementwise
+    steps, `_replicated` for tensor parallelism without sequence parallelism (every rank runs the
+    token-wise work of all tokens)."""
+    cache_mode = mode.split("_unfused")[0].split("_replicated")[0]
+    topology = TOPOLOGIES[args.topology].model_copy(update={"sequence_parallel": "_replicated" not in mode})
+    cfg = session_config(args.preset, topology.model_dump(), dtype=args.dtype,
+                         model={"generation": {"cache_mode": cache_mode}})
     ranks = cfg.topology.dit_ranks
     runner = DiTRunner(cfg, device=device, rank=0, ranks=ranks, communicate=False,
-                       fuse=device.type == "cuda" and not mode.endswith("_unfused"))
+                       fuse=device.type == "cuda" and "_unfused" not in mode)
     graphs = device.type == "cuda" and cache_mode == "write_time" and not args.no_graphs
     if graphs:
         runner.capture_graphs()
@@ -112,6 +116,7 @@ def bench_mode(args: argparse.Namespace, mode: str, device: torch.device) -> dic
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"ms_p50": statistics.median(times), "ms_min": min(times), "ms_max": max(times), "graphs": graphs,
+            "attention_backend": runner.attention_backend, "sequence_parallel": topology.sequence_parallel,
             "cache_management_ms": cache_ms, "cache_share": cache_ms / statistics.median(times)}
 
 
@@ -193,7 +198,7 @@ def main() -> None:
     result = {
         "command": " ".join(["python", *sys.argv]),
         "preset": args.preset, "topology": args.topology, "ranks": cfg.topology.dit_ranks,
-        "communication": "excluded (one rank's share, no all-reduce)",
+        "communication": "excluded (one rank's share: no all-gather / reduce-scatter / all-reduce)",
         **env_info(device), "dtype": args.dtype,
         "matmul_tflops": rate / 1e12, "flops_per_chunk_per_rank": cost.flops_per_chunk_per_rank,
         "floor_ms": floor_ms, "modes": rows, "decoder_ms_p50": dec_ms,
@@ -203,10 +208,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"{args.preset} / {args.topology}: one rank of {cfg.topology.dit_ranks}, {args.dtype}, {result['device']}")
-    print(f"{'mode':<11} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6} {'cache ms':>9} {'cache %':>8}")
+    print(f"{'mode':<22} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6} {'cache ms':>9} {'cache %':>8}  attention")
     for mode, r in rows.items():
-        print(f"{mode:<11} {r['ms_p50']:>9.2f} {floor_ms:>9.2f} {r['ms_p50'] / floor_ms:>6.2f} "
-              f"{r['cache_management_ms']:>9.2f} {100 * r['cache_share']:>7.1f}%")
+        print(f"{mode:<22} {r['ms_p50']:>9.2f} {floor_ms:>9.2f} {r['ms_p50'] / floor_ms:>6.2f} "
+              f"{r['cache_management_ms']:>9.2f} {100 * r['cache_share']:>7.1f}%  {r['attention_backend']}")
     if dec_ms is not None:
         print(f"{'decoder':<11} {dec_ms:>9.2f}")
     print(f"budget per chunk {result['chunk_budget_ms']:.1f} ms; matmul rate {rate / 1e12:.2f} TFLOP/s; -> {out}")
