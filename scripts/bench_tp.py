@@ -4,10 +4,14 @@
     python scripts/bench_tp.py --preset tiny --ranks 2                  # gloo on the CPU
 
 One process per rank (torch.multiprocessing), each on its own GPU, the model built with exactly that
-rank's share (seeded, TP-invariant init). Per rank, in turn: the step with its all-reduces (the serving
-path, CUDA graphs on GPUs) and the same rank with the all-reduces left out (`communicate=False`), so
-communication = the difference (nothing overlaps it: the collectives are not fused with the GEMMs).
-The floor is the rank's FLOPs at the bf16 matmul rate measured on its GPU. Writes JSON from rank 0.
+rank's share (seeded, TP-invariant init). Per rank, in turn (CUDA graphs on GPUs):
+- ``replicated``: no sequence parallelism, an all-reduce after each row-parallel layer;
+- ``sp_none``: sequence parallel, NCCL's all-gather / reduce-scatter next to the GEMMs;
+- ``sp_ring``: sequence parallel, the collectives decomposed into ring steps overlapped with the GEMMs;
+- ``sp_left_out``: sequence parallel with the collectives left out (`communicate=False`): compute alone.
+Exposed communication of a variant = its time minus ``sp_left_out`` (for ``replicated``, minus its own
+left-out twin, which runs every token's elementwise work). The floor is the rank's FLOPs at the bf16
+matmul rate measured on its GPU. Writes JSON from rank 0.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ from characters.engine import DiTRunner
 from characters.flops import chunk_cost
 from scripts.bench_step import env_info, matmul_rate, timed
 
+# variant -> (sequence parallel, overlap, communicate)
+VARIANTS: dict[str, tuple[bool, str, bool]] = {
+    "sp_left_out": (True, "none", False),
+    "sp_none": (True, "none", True),
+    "sp_ring": (True, "ring", True),
+    "replicated": (False, "none", True),
+    "replicated_left_out": (False, "none", False),
+}
+
 
 def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool) -> list[float]:
     if graphs:
@@ -55,10 +68,12 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.ranks, **({"device_id": device} if cuda else {}))
     try:
-        topo = {"name": f"tp{args.ranks}", "dit_ranks": args.ranks, "decoder_gpus": 0}
-        cfg = session_config(args.preset, topo, dtype="bfloat16" if cuda else "float32")
         rows: dict[str, Any] = {}
-        for name, communicate in (("with_collectives", True), ("collectives_left_out", False)):
+        for name in args.variants.split(","):
+            sp, overlap, communicate = VARIANTS[name]
+            topo = {"name": f"tp{args.ranks}", "dit_ranks": args.ranks, "decoder_gpus": 0, "sequence_parallel": sp,
+                    "tp_overlap": overlap}
+            cfg = session_config(args.preset, topo, dtype="bfloat16" if cuda else "float32")
             runner = DiTRunner(cfg, device=device, group=dist.group.WORLD, rank=rank, ranks=args.ranks,
                                communicate=communicate)
             times = step_ms(runner, device, args.iters, graphs=cuda and not args.no_graphs)
@@ -71,11 +86,15 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         if rank == 0:
             rate = matmul_rate(device, torch.bfloat16 if cuda else torch.float32)
             cost = chunk_cost(cfg)
-            comm = rows["with_collectives"]["ms_p50"] - rows["collectives_left_out"]["ms_p50"]
+            compute = rows.get("sp_left_out", {}).get("ms_p50")
+            for name, row in rows.items():
+                base = rows.get("replicated_left_out", {}).get("ms_p50") if name == "replicated" else compute
+                if VARIANTS[name][2] and base is not None:
+                    row["exposed_communication_ms"] = row["ms_p50"] - base
+                    row["exposed_communication_share"] = row["exposed_communication_ms"] / row["ms_p50"]
             result = {"command": " ".join(["python", *sys.argv]), **env_info(device), "preset": args.preset,
                       "ranks": args.ranks, "backend": "nccl" if cuda else "gloo", "graphs": cuda and not args.no_graphs,
                       "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "rows": rows,
-                      "communication_ms": comm, "communication_share": comm / rows["with_collectives"]["ms_p50"],
                       "floor_ms": cost.flops_per_chunk_per_rank / rate * 1e3, "matmul_tflops": rate / 1e12,
                       "reference_ms": {"4xH100 fused (DESIGN.md)": 147.4, "4xH100 unfused": 159.3, "3xB200": 154.3}}
             Path(out).write_text(json.dumps(result, indent=1))
@@ -91,6 +110,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--variants", default="sp_left_out,sp_none,sp_ring,replicated",
+                   help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
@@ -104,10 +125,12 @@ def main() -> None:
     mp.spawn(rank_main, args=(args, port, str(out)), nprocs=args.ranks, join=True)
     r = json.loads(out.read_text())
     print(f"{args.preset}, {args.ranks} ranks over {r['backend']}, {r['device']}")
+    print(f"{'variant':<20} {'ms/chunk':>9} {'floor':>7} {'ratio':>6} {'exposed comm ms':>16}")
     for name, row in r["rows"].items():
-        ratio = row["ms_p50"] / r["floor_ms"]
-        print(f"{name:<22} {row['ms_p50']:9.2f} ms/chunk  floor {r['floor_ms']:.2f}  ratio {ratio:.2f}")
-    print(f"communication {r['communication_ms']:.2f} ms ({100 * r['communication_share']:.1f}%) -> {out}")
+        comm = row.get("exposed_communication_ms")
+        comm_s = "" if comm is None else f"{comm:.2f} ({100 * row['exposed_communication_share']:.1f}%)"
+        print(f"{name:<20} {row['ms_p50']:9.2f} {r['floor_ms']:7.2f} {row['ms_p50'] / r['floor_ms']:6.2f} {comm_s:>16}")
+    print(f"-> {out}")
 
 
 if __name__ == "__main__":
