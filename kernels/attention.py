@@ -16,7 +16,20 @@ Backends:
     flash_attn       FlashAttention-2 `flash_attn.flash_attn_func`
     flash_attn3      FlashAttention-3 `flash_attn_interface.flash_attn_func` (Hopper)
     vllm_flash_attn  `vllm_flash_attn.flash_attn_func`
+    sdpa_cudnn_split{2,4,8} / sdpa_flash_split{2,4,8}   split-KV ("flash-decoding") over cuDNN / flash parts
 The flash-attn packages are optional; a backend is offered only when its import works.
+
+Split-KV: the S keys are cut into n equal parts of s = S/n and all parts run in ONE kernel launch by folding
+the parts into the batch: k (B, Hh, S, Dh) -> (B, Hh, n, s, Dh) -> (B*n, Hh, s, Dh), q repeated per part
+(an `expand`, batch stride 0). The fold of k, v is a view when B == 1 (the batch stride becomes the part
+stride s*Dh over the cache's own S_max layout); for B > 1 no single batch stride exists and it is a copy.
+Each part returns its output and its log-sum-exp (natural log, float32); `merge_parts` combines them:
+out = sum_i exp(lse_i - logsumexp_i(lse_i)) out_i. More parts mean more CTAs for the same work, which
+fills the SMs when Hh * ceil(Tq / tile) is a few waves at most (wave quantization). When n does not
+divide S, the backend uses the largest part count <= n that does (the valid length grows during a
+session, so a backend picked at one S must still run at the others); `split_attention` itself raises.
+The parts come from a pluggable `PartsFn`: `parts_cudnn` / `parts_flash` on CUDA (the merge compiled into
+one kernel), `parts_ref` (float32 math) on CPU tensors, where neither kernel runs.
 
 `pick_backend` times the available backends on the real shapes at warm-up time (never inside the step or
 a graph capture: it synchronizes) and returns the fastest.
@@ -36,13 +49,30 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["ATTENTION_BACKENDS", "AttentionBackend", "attention", "attention_ref", "available_backends", "pick_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "PARTS",
+    "AttentionBackend",
+    "MergeFn",
+    "PartsFn",
+    "attention",
+    "attention_ref",
+    "available_backends",
+    "merge_parts",
+    "parts_cudnn",
+    "parts_flash",
+    "parts_ref",
+    "pick_backend",
+    "split_attention",
+]
 
 logger = logging.getLogger(__name__)
 
 AttentionBackend = Literal[
-    "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn", "flash_attn3", "vllm_flash_attn"
-]
+    "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn", "flash_attn3", "vllm_flash_attn",
+    "sdpa_cudnn_split2", "sdpa_cudnn_split4", "sdpa_cudnn_split8",
+    "sdpa_flash_split2", "sdpa_flash_split4", "sdpa_flash_split8",
+]  # fmt: skip
 ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = get_args(AttentionBackend)
 
 _SDPA_FORCED: dict[str, SDPBackend] = {
@@ -58,7 +88,19 @@ _FLASH_IMPORTS: dict[str, tuple[str, str]] = {
     "vllm_flash_attn": ("vllm_flash_attn", "flash_attn_func"),
 }
 _FLASH_BACKENDS: tuple[AttentionBackend, ...] = ("flash_attn", "flash_attn3", "vllm_flash_attn")
+# Split-KV backend -> (kernel of the parts, part count).
+_SPLIT: dict[str, tuple[str, int]] = {f"sdpa_{kernel}_split{n}": (kernel, n) for kernel in ("cudnn", "flash")
+                                      for n in (2, 4, 8)}  # fmt: skip
+_SPLIT_BACKENDS: tuple[AttentionBackend, ...] = tuple(b for b in ATTENTION_BACKENDS if b in _SPLIT)
+# How the split backends hand q to each kernel: "expand" (batch stride 0, no copy) or "repeat" (a copy).
+# Whether each kernel accepts a stride-0 batch is settled on the GPU by scripts/probe_attention_split.py.
+_Q_FOLD: dict[str, Literal["expand", "repeat"]] = {"cudnn": "expand", "flash": "expand"}
 _HALF = (torch.float16, torch.bfloat16)
+
+PartsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+"""(q, k, v, scale) -> (out (B, Hh, Tq, Dh) in q's dtype, lse (B, Hh, Tq) float32): softmax(q k^T * scale) v
+and the natural-log log-sum-exp of the scaled scores, log sum_j exp(scale * q.k_j), per query row."""
+MergeFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -83,7 +125,8 @@ def attention(
     """softmax(q k^T * scale) v through `backend`. q (B, Hh, Tq, Dh); k, v (B, Hh, S, Dh) -> (B, Hh, Tq, Dh).
 
     No mask. scale defaults to 1/sqrt(Dh). Raises ValueError for an unknown or not-importable backend;
-    a kernel that rejects the inputs raises its own RuntimeError.
+    a kernel that rejects the inputs raises its own RuntimeError. A split backend on CPU tensors runs the
+    float32 reference parts through the same fold and merge.
     """
     _check_qkv(q, k, v)
     if backend == "sdpa":
@@ -91,6 +134,8 @@ def attention(
     if backend in _SDPA_FORCED:
         with sdpa_kernel([_SDPA_FORCED[backend]]):
             return F.scaled_dot_product_attention(q, k, v, scale=scale)  # (B, Hh, Tq, Dh)
+    if backend in _SPLIT:
+        return _split_backend(q, k, v, backend, scale)  # (B, Hh, Tq, Dh)
     if backend in _FLASH_IMPORTS:
         fn = _flash_fn(backend)
         if fn is None:
@@ -116,7 +161,7 @@ def available_backends(device: torch.device | str, dtype: torch.dtype) -> list[A
     half = dtype in _HALF
     out: list[AttentionBackend] = ["sdpa"]
     if half and major >= 8:
-        out += ["sdpa_cudnn", "sdpa_flash"]
+        out += ["sdpa_cudnn", "sdpa_flash", *_SPLIT_BACKENDS]
     out += ["sdpa_efficient", "sdpa_math"]
     for name in _FLASH_BACKENDS:
         ok_arch = major == 9 if name == "flash_attn3" else major >= 8
@@ -173,6 +218,154 @@ def pick_backend(
         best, tuple(q.shape), tuple(k.shape), q.dtype, {n: round(t, 4) for n, t in times.items()},
     )  # fmt: skip
     return best
+
+
+# --------------------------------------------------------------------------------------------------------
+# split-KV
+# --------------------------------------------------------------------------------------------------------
+
+
+def split_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    n: int,
+    parts: PartsFn | None = None,
+    scale: float | None = None,
+    q_fold: Literal["expand", "repeat"] = "expand",
+    merge: MergeFn | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v as n key parts in one `parts` call, merged by log-sum-exp.
+
+    q (B, Hh, Tq, Dh); k, v (B, Hh, S, Dh) with S % n == 0, else ValueError. parts: the per-part kernel
+    (default `parts_ref`, the float32 reference); q_fold: "expand" hands the kernel q with batch stride 0
+    (a view when B == 1), "repeat" a copy; merge: default `merge_parts`. Returns (B, Hh, Tq, Dh) in q's
+    dtype, token-major (a view of (B, Tq, Hh, Dh)) when q is. No host syncs: graph-capturable if `parts`
+    and `merge` are.
+    """
+    _check_qkv(q, k, v)
+    b, dh = q.shape[0], q.shape[3]
+    if n < 1 or k.shape[2] % n:
+        raise ValueError(
+            f"split_attention: S={k.shape[2]} keys do not split into n={n} equal parts; "
+            f"pass an n that divides S (the backends pick the largest such n up to theirs)"
+        )
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    parts = parts_ref if parts is None else parts
+    qf = _fold_q(q, n, q_fold)  # (B*n, Hh, Tq, Dh)
+    out, lse = parts(qf, _fold_kv(k, n), _fold_kv(v, n), scale)  # (B*n, Hh, Tq, Dh), (B*n, Hh, Tq)
+    if n == 1:
+        return out  # one part: the merge would be the identity
+    out5, lse4 = out.unflatten(0, (b, n)), lse.unflatten(0, (b, n))  # (B, n, Hh, Tq, Dh), (B, n, Hh, Tq)
+    merge = merge_parts if merge is None else merge
+    if _token_major(q):  # merge in (B, n, Tq, Hh, Dh) order so the result is (B, Tq, Hh, Dh) in memory
+        return merge(out5.transpose(2, 3), lse4.transpose(2, 3)).transpose(1, 2)  # (B, Hh, Tq, Dh)
+    return merge(out5, lse4)  # (B, Hh, Tq, Dh)
+
+
+def merge_parts(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Combine n attention parts over disjoint key sets into attention over all their keys.
+
+    out (B, n, Hh, Tq, Dh), any float dtype; lse (B, n, Hh, Tq), natural log. The two middle dims are
+    only carried along (Tq before Hh works the same). Weights exp(lse_i - logsumexp_i(lse_i)) in float32;
+    returns (B, Hh, Tq, Dh) in out's dtype. Torch ops only, static shapes, no host syncs.
+    """
+    lse = lse.float()
+    total = torch.logsumexp(lse, dim=1, keepdim=True)  # (B, 1, Hh, Tq): the lse over all keys
+    weight = torch.exp(lse - total).unsqueeze(-1)  # (B, n, Hh, Tq, 1), sums to 1 over n
+    return (weight * out.float()).sum(dim=1).to(out.dtype)  # (B, Hh, Tq, Dh)
+
+
+def parts_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`PartsFn` in float32 math (the CPU path and the tests' reference): (out in q's dtype, lse float32).
+
+    Like the kernels, out is allocated like q (`empty_like`: q's memory order when q is dense)."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, Hh, Tq, S)
+    lse = torch.logsumexp(scores, dim=-1)  # (B, Hh, Tq)
+    probs = torch.exp(scores - lse.unsqueeze(-1))  # (B, Hh, Tq, S)
+    return torch.empty_like(q).copy_(torch.matmul(probs, v.float())), lse  # (B, Hh, Tq, Dh), (B, Hh, Tq)
+
+
+def parts_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`PartsFn` by cuDNN (SDPA's cuDNN kernel with its softmax stats; CUDA, half dtypes)."""
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)
+    return res[0], _lse_rows(res[1], q)  # stats: (B, Hh, Tq, 1), natural log
+
+
+def parts_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`PartsFn` by SDPA's flash kernel (FlashAttention-2 in torch; CUDA sm80+, half dtypes)."""
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
+    return res[0], _lse_rows(res[1], q)  # softmax_lse: (B, Hh, Tq), natural log
+
+
+PARTS: dict[str, PartsFn] = {"cudnn": parts_cudnn, "flash": parts_flash}
+
+
+def _split_backend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, scale: float | None
+) -> torch.Tensor:
+    """A split backend: its kernel's parts on CUDA (merge compiled), the float32 reference parts elsewhere."""
+    kernel, n = _SPLIT[backend]
+    n = _part_count(k.shape[2], n)
+    if not q.is_cuda:
+        return split_attention(q, k, v, n, parts_ref, scale)
+    if n == 1:  # nothing to merge: the plain kernel (no log-sum-exp to write)
+        with sdpa_kernel([_SDPA_FORCED[f"sdpa_{kernel}"]]):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)  # (B, Hh, Tq, Dh)
+    return split_attention(q, k, v, n, PARTS[kernel], scale, _Q_FOLD[kernel], _compiled_merge())
+
+
+def _part_count(s: int, n: int) -> int:
+    """The largest part count <= n that divides s (1 when none other does)."""
+    return next(d for d in range(n, 0, -1) if s % d == 0)
+
+
+@functools.cache
+def _compiled_merge() -> MergeFn:
+    """`merge_parts` compiled into one fused kernel (CUDA), specialised per shape and layout on first use:
+    warm up (e.g. `pick_backend`) before any graph capture. Not `fullgraph`: past dynamo's recompile limit
+    (8 shapes / layouts in one process) a new shape runs the merge eagerly, with dynamo's warning, instead of
+    failing. It has no graph breaks (tests/unit/test_attention_split.py checks)."""
+    fn: MergeFn = torch.compile(merge_parts, dynamic=False)
+    return fn
+
+
+def _token_major(x: torch.Tensor) -> bool:
+    """x (B, Hh, T, Dh) is laid out as (B, T, Hh, Dh) in memory."""
+    return x.stride(1) < x.stride(2)
+
+
+def _fold_kv(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, Hh, S, Dh) -> (B*n, Hh, S/n, Dh), part i of batch b at index b*n + i.
+
+    A view when B == 1: batch stride = the part stride (S/n) * stride(S), whatever the cache's S_max.
+    For B > 1 the batch and part strides do not combine into one and `flatten` copies.
+    """
+    s = x.shape[2]
+    parts = x.unflatten(2, (n, s // n)).transpose(1, 2)  # (B, n, Hh, s/n, Dh), a view
+    return parts.flatten(0, 1)  # (B*n, Hh, s/n, Dh)
+
+
+def _fold_q(q: torch.Tensor, n: int, q_fold: Literal["expand", "repeat"]) -> torch.Tensor:
+    """(B, Hh, Tq, Dh) -> (B*n, Hh, Tq, Dh), q once per part, in q's own memory order.
+
+    "expand": batch stride 0, a view when B == 1 (a copy otherwise); "repeat": always a copy.
+    """
+    token_major = _token_major(q)
+    base = q.transpose(1, 2) if token_major else q  # (B, Tq, Hh, Dh) or (B, Hh, Tq, Dh): memory order
+    rep = base.unsqueeze(1).expand(base.shape[0], n, *base.shape[1:])  # (B, n, ., ., Dh), stride 0 over n
+    if q_fold == "repeat":
+        rep = rep.contiguous()
+    elif q_fold != "expand":
+        raise ValueError(f"split_attention: q_fold={q_fold!r}; expected 'expand' or 'repeat'")
+    folded = rep.flatten(0, 1)  # (B*n, ., ., Dh)
+    return folded.transpose(1, 2) if token_major else folded  # (B*n, Hh, Tq, Dh)
+
+
+def _lse_rows(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A kernel's log-sum-exp, (B, Hh, Tq[, 1]) or padded along Tq, as (B, Hh, Tq) float32."""
+    b, hh, tq, _ = q.shape
+    return lse[:, :, :tq].reshape(b, hh, tq).float()
 
 
 def _median_ms(fn: Callable[[], Any], iters: int, warmup: int) -> float:
