@@ -18,11 +18,15 @@ Serving (`init_state(..., chunk_frames=Tc)`): each causal conv then owns a windo
 its cache being the window's first `kt - 1`. The step before the conv writes this chunk's input straight
 into the window's tail (`kernels.norm_silu` fuses norm, SiLU and that write), the conv reads the window as
 is, and only the last `kt - 1` frames move to the front afterwards: no concatenation, no cache copy-out.
+A residual block's last add is left `Unsummed` for the next step to fold into its own pass: an up-sampling
+reads y, bias and residual once and writes the 2x nearest copies straight in the next conv's layout
+(`kernels.upsample`), and a time conv's window gets the sum written into its tail.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,7 @@ from torch import nn
 
 from characters.config import VAEConfig
 from kernels.norm_silu import bias_add, norm_silu
+from kernels.upsample import upsample_nearest
 
 _CL3D = torch.channels_last_3d
 
@@ -48,6 +53,24 @@ class RMSNorm(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------- decoder
+
+
+class Unsummed(NamedTuple):
+    """A block's output before its last add: `y + bias (per channel) + residual`, all (B, c, T, h', w'), left
+    for the next step to add in a pass it makes anyway (the same float32 sum, rounded once)."""
+
+    y: torch.Tensor
+    bias: torch.Tensor
+    residual: torch.Tensor | None = None
+
+    def sum_into(self, out: torch.Tensor) -> torch.Tensor:
+        """The sum, written into `out` (e.g. a window's tail, or y itself)."""
+        return bias_add(self.y, self.bias, residual=self.residual, out=out)
+
+
+def summed(x: torch.Tensor | Unsummed) -> torch.Tensor:
+    """x itself, or an `Unsummed` x added up in place (into its y)."""
+    return x.sum_into(x.y) if isinstance(x, Unsummed) else x
 
 
 class CausalConv3d(nn.Conv3d):
@@ -84,7 +107,7 @@ class CausalConv3d(nn.Conv3d):
         """Convolve a window whose tail already holds this chunk's input, then keep its last `kt - 1`
         frames as the next chunk's cache. window (B, cin, kt - 1 + T, h', w') -> (B, cout, T, h', w').
         The conv runs without its bias, added after in one fused pass, or (`with_bias=False`) left to
-        the caller to fold into the next step (the next `norm_silu`, a residual add)."""
+        the caller to fold into the next step (the next `norm_silu`, a residual add, an up-sampling)."""
         y = self._conv(window, self.weight if weight is None else weight, None)
         t = window.shape[2] - self.past
         frames = window.permute(0, 2, 3, 4, 1)  # (B, kt - 1 + T, h', w', cin): dense blocks when channels-last
@@ -96,14 +119,21 @@ class CausalConv3d(nn.Conv3d):
             y = bias_add(y, bias, out=y)
         return y
 
-    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
-        """The serving form of `forward`: x copied into this conv's window (no concatenation)."""
+    def write_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+        """This conv's window, (B, cin, kt - 1 + T, h', w'), with x in its tail (an `Unsummed` x summed on the way)."""
+        window = windows[self.slot]
+        if isinstance(x, Unsummed):
+            x.sum_into(window[:, :, self.past :])
+        else:
+            window.permute(0, 2, 3, 4, 1)[:, self.past :].copy_(x.permute(0, 2, 3, 4, 1))  # (B, T, h', w', cin)
+        return window
+
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+        """The serving form of `forward`: x written into this conv's window (no concatenation)."""
         if not self.past:
             assert self.bias is not None  # every decoder conv has one
-            return bias_add(y := self._conv(x, self.weight, None), self.bias, out=y)
-        window = windows[self.slot]
-        window.permute(0, 2, 3, 4, 1)[:, self.past :].copy_(x.permute(0, 2, 3, 4, 1))  # (B, T, h', w', cin)
-        return self.run_window(window)
+            return bias_add(y := self._conv(summed(x), self.weight, None), self.bias, out=y)
+        return self.run_window(self.write_window(x, windows))
 
     def _conv_per_tap(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The same convolution as a sum of per-tap 2-D convolutions over frames.
@@ -139,16 +169,17 @@ class ResBlock(nn.Module):
         y = self.conv2(F.silu(self.norm2(y)), caches)
         return x + y
 
-    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> Unsummed:
         """The serving form: each norm + SiLU (with the previous conv's bias) writes straight into its
-        conv's window; the last bias and the residual are added in one pass."""
+        conv's window; the last bias and the residual are left for the next step to add in its own pass."""
+        x = summed(x)  # (B, c, T, h', w')
         y, bias = x, None
         for norm, conv in ((self.norm1, self.conv1), (self.norm2, self.conv2)):
             window = windows[conv.slot]
             norm_silu(y, norm.weight, norm.eps, out=window[:, :, conv.past :], bias=bias)
             y, bias = conv.run_window(window, with_bias=False), conv.bias
         assert bias is not None
-        return bias_add(y, bias, residual=x, out=y)
+        return Unsummed(y, bias, x)
 
 
 class FrameAttention(nn.Module):
@@ -169,8 +200,8 @@ class FrameAttention(nn.Module):
         y = self.proj(self._attend(q, k, v))  # (B*T, h'w', c)
         return x + y.view(b, t, h, w, c).permute(0, 4, 1, 2, 3)
 
-    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
-        return self(x, windows)  # per frame: no temporal state
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+        return self(summed(x), windows)  # per frame: no temporal state
 
     @staticmethod
     def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -202,21 +233,18 @@ class Upsample(nn.Module):
         x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")  # (B, cin, T, 2h', 2w')
         return self.conv(x, caches)  # (B, cout, T, 2h', 2w')
 
-    def forward_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+        """The serving form: one pass reads the up-sampling's input (with its pending bias and residual, or
+        the time conv's output with its bias) and writes the 2x copies in the 3x3 conv's channels-last layout."""
         if self.time_conv is not None:
-            b, c, t, h, w = x.shape
-            y = self.time_conv.forward_window(x, windows).view(b, 2, c, t, h, w)  # (B, 2, cin, T, h', w')
-            x = y.permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)  # frame 2t + i from half i
-        return self.conv.forward_window(upsample_nearest_cl(x), windows)  # (B, cout, T, 2h', 2w')
-
-
-def upsample_nearest_cl(x: torch.Tensor) -> torch.Tensor:
-    """2x nearest spatial up-sampling that stays channels-last: (B, c, T, h, w) -> (B, c, T, 2h, 2w), as
-    2-D frames through the NHWC kernel (F.interpolate's 3-D kernel works in NCDHW and would transpose twice)."""
-    b, c, t, h, w = x.shape
-    frames = x.transpose(1, 2).reshape(b * t, c, h, w)  # (B*T, c, h, w): channels-last 2-D, a view
-    up = F.interpolate(frames, scale_factor=2.0, mode="nearest")  # NHWC kernel, channels-last out
-    return up.view(b, t, c, 2 * h, 2 * w).transpose(1, 2)  # (B, c, T, 2h, 2w), channels-last-3d strides
+            conv = self.time_conv
+            y = conv.run_window(conv.write_window(x, windows), with_bias=False)  # (B, 2cin, T, h', w'), no bias yet
+            up = upsample_nearest(y, conv.bias, fold_time=True)  # (B, cin, 2T, 2h', 2w'): frame 2t + i from half i
+        elif isinstance(x, Unsummed):
+            up = upsample_nearest(x.y, x.bias, x.residual)  # (B, cin, T, 2h', 2w')
+        else:
+            up = upsample_nearest(x)
+        return self.conv.forward_window(up, windows)  # (B, cout, T', 2h', 2w')
 
 
 @dataclass
@@ -279,11 +307,11 @@ class CausalDecoder(nn.Module):
     def forward_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
         """`forward` for a serving state (`init_state(..., chunk_frames)`), same result: every
         norm + SiLU before a causal conv writes into that conv's window, nothing is concatenated."""
-        x = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
+        x: torch.Tensor | Unsummed = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
         for block in self.blocks:
             x = block.forward_window(x, windows)  # type: ignore[operator]  # ends at (B, c3, 4*Tc, 8h, 8w)
         conv, window = self.conv_out, windows[self.conv_out.slot]
-        norm_silu(x, self.norm_out.weight, self.norm_out.eps, out=window[:, :, conv.past :])
+        norm_silu(summed(x), self.norm_out.weight, self.norm_out.eps, out=window[:, :, conv.past :])
         if self._out_weight is None:
             x = conv.run_window(window)
         else:

@@ -11,9 +11,13 @@ window as is:
     out = silu(s * rsqrt(mean_c(s^2) + eps) * w)  -> out, e.g. window[:, :, kt - 1:]
 
 `bias` is the previous convolution's, run without it, so that its broadcast add costs no pass of its
-own; `bias_add` is the same kernel without the norm (a bias and a residual added in one pass).
+own; `bias_add` is the same kernel without the norm (a bias and a residual added in one pass). All math
+is in float32 with one rounding at the end.
 
-in float32 with one rounding at the end.
+Tiling: a program takes a block of rows (positions) and each row's `c` channels as a few power-of-two
+column chunks (`channel_blocks`: 96 = 3 x 32, 192 = 3 x 64, 384 = 3 x 128), each loaded once and held in
+registers between the sum of squares and the normalisation; so no lane is padding for the decoder's widths
+(one block of `next_power_of_2(c)` lanes, 128 for c = 96, left a quarter of them idle).
 
 Shapes: x, residual, sum_out, out are (B, c, T, h, w). The Triton kernel needs them in channels-last-3d
 memory order (stored as (B, T, h, w, c)), so one batch's (T, h, w) positions are `T*h*w` rows of `c`
@@ -25,6 +29,7 @@ Public API:
     norm_silu_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
     norm_silu          dispatch between the two (Triton on CUDA when installed)
     bias_add_ref, bias_add_triton, bias_add   the kernel without the norm: x + bias (+ residual)
+    channel_blocks, block_rows_for            the tiling (shared with `kernels.upsample`)
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from kernels._triton import HAS_TRITON, check_triton_mode, jit_for_current_mode,
 if HAS_TRITON:
     import triton.language as tl
 
-__all__ = ["bias_add", "bias_add_ref", "bias_add_triton", "norm_silu", "norm_silu_ref", "norm_silu_triton"]
+__all__ = ["bias_add", "bias_add_ref", "bias_add_triton", "block_rows_for", "channel_blocks", "norm_silu",
+           "norm_silu_ref", "norm_silu_triton"]
 
 _CL3D = torch.channels_last_3d
 
@@ -61,62 +67,104 @@ def norm_silu_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.
     return out
 
 
-def _norm_silu_kernel(x_ptr, b_ptr, r_ptr, w_ptr, s_ptr, o_ptr, rows_per_batch, channels, x_bstride, r_bstride,
-                      s_bstride, o_bstride, eps, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                      HAS_SUM: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Program (i, b): rows [i*ROWS, (i+1)*ROWS) of batch b; each row is `channels` contiguous values.
+def _norm_silu_kernel(x_ptr, b_ptr, r_ptr, w_ptr, s_ptr, o_ptr, rows_per_batch, x_bstride, r_bstride, s_bstride,
+                      o_bstride, eps, C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                      HAS_SUM: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+                      CHUNKS: tl.constexpr):
+    """Program (i, b): rows [i*ROWS, (i+1)*ROWS) of batch b; each row is C contiguous values, taken as CHUNKS
+    column chunks of BLOCK_C lanes (masked only where CHUNKS * BLOCK_C > C). Each chunk is loaded once and kept
+    in registers while the rows' sums of squares build up, then normalised. C is a compile-time constant so
+    that row offsets are known multiples of it (vector loads for any width with a factor of 8).
     Every element is loaded before it is stored by the same program, so sum_out may alias x."""
     pid, b = tl.program_id(0), tl.program_id(1)
     rows = pid * ROWS + tl.arange(0, ROWS)  # (ROWS,)
-    cols = tl.arange(0, BLOCK_C)  # (BLOCK_C,)
-    cmask = cols < channels
-    mask = (rows < rows_per_batch)[:, None] & cmask[None, :]  # (ROWS, BLOCK_C)
-    offs = rows.to(tl.int64)[:, None] * channels + cols[None, :]  # within one batch
+    rmask = (rows < rows_per_batch)[:, None]  # (ROWS, 1)
+    row_offs = rows.to(tl.int64)[:, None] * C  # (ROWS, 1), within one batch
     b64 = b.to(tl.int64)
-    s = tl.load(x_ptr + b64 * x_bstride + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        s += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        s += tl.load(r_ptr + b64 * r_bstride + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_SUM:
-        tl.store(s_ptr + b64 * s_bstride + offs, s.to(s_ptr.dtype.element_ty), mask=mask)
+    sums = ()  # CHUNKS x (ROWS, BLOCK_C) float32
+    sq = tl.zeros((ROWS, BLOCK_C), dtype=tl.float32)  # per-lane sums of squares over the chunks
+    for k in tl.static_range(CHUNKS):
+        cols = k * BLOCK_C + tl.arange(0, BLOCK_C)  # (BLOCK_C,)
+        cmask = cols < C
+        mask = rmask if CHUNKS * BLOCK_C == C else rmask & cmask[None, :]  # (ROWS, 1) or (ROWS, BLOCK_C)
+        offs = row_offs + cols[None, :]  # (ROWS, BLOCK_C)
+        s = tl.load(x_ptr + b64 * x_bstride + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            s += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            s += tl.load(r_ptr + b64 * r_bstride + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SUM:
+            tl.store(s_ptr + b64 * s_bstride + offs, s.to(s_ptr.dtype.element_ty), mask=mask)
+        if NORM:
+            sq += s * s
+            sums = sums + (s,)  # type: ignore[assignment]  # noqa: RUF005 (Triton compiles neither `*` nor annotations)
     if NORM:
-        inv = tl.rsqrt(tl.sum(s * s, axis=1) / channels + eps)  # (ROWS,)
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)  # (BLOCK_C,)
-        y = s * inv[:, None] * w[None, :]
-        y = y * tl.sigmoid(y)
-        tl.store(o_ptr + b64 * o_bstride + offs, y.to(o_ptr.dtype.element_ty), mask=mask)
+        inv = tl.rsqrt(tl.sum(sq, axis=1) / C + eps)[:, None]  # (ROWS, 1)
+        for k in tl.static_range(CHUNKS):
+            cols = k * BLOCK_C + tl.arange(0, BLOCK_C)
+            cmask = cols < C
+            mask = rmask if CHUNKS * BLOCK_C == C else rmask & cmask[None, :]
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)  # (BLOCK_C,)
+            y = sums[k] * inv * w[None, :]
+            y = y * tl.sigmoid(y)
+            tl.store(o_ptr + b64 * o_bstride + row_offs + cols[None, :], y.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def channel_blocks(c: int, max_block: int = 128, max_chunks: int = 8) -> tuple[int, int]:
+    """How a row of `c` contiguous channels is tiled: (block, chunks), `chunks` power-of-two blocks of `block`
+    lanes. Widths with a power-of-two factor of at least 16 (or c itself) split without padding:
+    96 = 3 x 32, 192 = 3 x 64, 384 = 3 x 128, 768 = 6 x 128; others (40, 3, 24) get one masked block of
+    `next_power_of_2(c)` lanes, as do widths that would need more than `max_chunks` blocks."""
+    if c < 1:
+        raise ValueError(f"channel_blocks: c={c}; need at least one channel")
+    block = min(c & -c, max_block)  # the largest power of two dividing c, capped
+    if block >= min(c, 16) and c // block <= max_chunks:
+        return block, c // block
+    return next_power_of_2(c), 1
+
+
+def block_rows_for(c: int, elements: int = 4096, max_rows: int = 256) -> int:
+    """Default rows per program: a power of two giving about `elements` channel values (of c, not of the
+    padded block) per program, between 1 and `max_rows`."""
+    rows = max(1, elements // max(c, 1))
+    return min(max_rows, 1 << (rows.bit_length() - 1))
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out: torch.Tensor | None,
-            residual: torch.Tensor | None, sum_out: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+            residual: torch.Tensor | None, sum_out: torch.Tensor | None, bias: torch.Tensor | None,
+            block_rows: int | None = None, num_warps: int = 4) -> None:
     for name, arg in (("x", x), ("out", out), ("residual", residual), ("sum_out", sum_out)):
         if arg is not None:
             _rows_contiguous(name, arg, x.shape)
     b, c, t, h, w = x.shape
     rows = t * h * w
-    block_c = next_power_of_2(c)
-    rows_per_program = max(1, min(64, 4096 // block_c))
+    block_c, chunks = channel_blocks(c)
+    rows_per_program = block_rows_for(c) if block_rows is None else block_rows
+    if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+        raise ValueError(f"norm_silu: block_rows={rows_per_program} must be a power of two (1, 2, 4, ...)")
     kernel = jit_for_current_mode(_norm_silu_kernel)
     grid = (-(-rows // rows_per_program), b)
     r = residual if residual is not None else x
     o = out if out is not None else x
     s = sum_out if sum_out is not None else o
-    kernel[grid](x, bias if bias is not None else x, r, weight if weight is not None else x, s, o, rows, c,
-                 x.stride(0), r.stride(0), s.stride(0), o.stride(0), eps, HAS_BIAS=bias is not None,
+    kernel[grid](x, bias if bias is not None else x, r, weight if weight is not None else x, s, o, rows,
+                 x.stride(0), r.stride(0), s.stride(0), o.stride(0), eps, C=c, HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, HAS_SUM=sum_out is not None, NORM=out is not None,
-                 ROWS=rows_per_program, BLOCK_C=block_c, num_warps=4)
+                 ROWS=rows_per_program, BLOCK_C=block_c, CHUNKS=chunks, num_warps=num_warps)
 
 
 def norm_silu_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
                      residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The fused kernel. Same contract as `norm_silu_ref`; no host sync (graph-capturable)."""
+                     bias: torch.Tensor | None = None, *, block_rows: int | None = None,
+                     num_warps: int = 4) -> torch.Tensor:
+    """The fused kernel. Same contract as `norm_silu_ref`; no host sync (graph-capturable).
+    `block_rows` (rows per program, a power of two; default `block_rows_for(c)`) and `num_warps` are
+    tuning knobs (scripts/bench_kernels.py --sweep)."""
     check_triton_mode("norm_silu_triton")
     _check(x, weight, out, residual, sum_out, bias)
     if out is None:
         out = torch.empty_like(x, memory_format=_CL3D)
-    _launch(x, weight, eps, out, residual, sum_out, bias)
+    _launch(x, weight, eps, out, residual, sum_out, bias, block_rows, num_warps)
     return out
 
 
@@ -131,13 +179,14 @@ def bias_add_ref(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | N
 
 
 def bias_add_triton(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, *, block_rows: int | None = None,
+                    num_warps: int = 4) -> torch.Tensor:
     """The fused kernel without the norm; `out` may be x itself."""
     check_triton_mode("bias_add_triton")
     _check(x, None, out, residual, None, bias)
     if out is None:
         out = torch.empty_like(x, memory_format=_CL3D)
-    _launch(x, None, 0.0, None, residual, out, bias)
+    _launch(x, None, 0.0, None, residual, out, bias, block_rows, num_warps)
     return out
 
 

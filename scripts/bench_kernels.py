@@ -1,4 +1,5 @@
-"""Benchmark the write-time cache kernel (`qkv_prep`, Triton vs its PyTorch reference) and the attention backends.
+"""Benchmark the write-time cache kernel (`qkv_prep`, Triton vs its PyTorch reference), the attention backends,
+and the VAE decoder's fused passes (`norm_silu`, `bias_add`, `upsample_nearest`) at the 57b decoder's shapes.
 
 Default shapes: the `57b` preset's rank-local shapes at TP=4 (T=2992 tokens per chunk, Hh=72/4=18 heads of
 Dh=128, a cache of S=5*2992 slots: reference + 3 past + current latent frames), bf16, writing the last chunk.
@@ -6,6 +7,8 @@ Dh=128, a cache of S=5*2992 slots: reference + 3 past + current latent frames), 
 Each time is the median of N CUDA-event timed calls after warm-up, rotating over several input sets so that
 repeated calls do not just hit L2. Beside each time its floor:
     qkv_prep   bytes read + written / HBM bandwidth (measured here by a device-to-device copy, or --hbm-bw)
+    decoder    the same byte floor for norm_silu / bias_add / upsample (704x1088, 4 frames, bf16; the
+               up-sampling also against the unfused path it replaced: add, reshape, NHWC interpolate, layout copy)
     attention  max(4 B Hh Tq S Dh FLOPs / matmul rate (an 8192^3 matmul, measured here, or --matmul-flops),
                    bytes of q, k, v, out / HBM bandwidth)
 On CPU it runs small shapes, times the PyTorch paths with a host clock and says so (ratios only; the Triton
@@ -13,6 +16,7 @@ interpreter is a correctness tool, not timed). Prints a table; `--out path.json`
 
     python scripts/bench_kernels.py --out bench_kernels.json
     python scripts/bench_kernels.py --sweep            # also try Triton tilings
+    python scripts/bench_kernels.py --only decoder     # the decoder's passes only
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from kernels import (
     qkv_prep_triton,
 )
 from kernels._triton import HAS_TRITON
+from kernels.norm_silu import bias_add_ref, bias_add_triton, norm_silu_ref, norm_silu_triton
 from kernels.testing import QKVPrepInputs, make_qkv_prep_inputs, rel_err
+from kernels.upsample import upsample_nearest_ref, upsample_nearest_triton
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 H200_HBM_BW = 4.3e12  # B/s: the measured-copy figure for an H200; used only when nothing can be measured
@@ -69,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--matmul-flops", type=float, default=None, help="bf16 matmul FLOP/s to use instead of measuring")
     p.add_argument("--sweep", action="store_true", help="also time the Triton tilings in SWEEP")
     p.add_argument("--skip-attention", action="store_true", help="time qkv_prep only")
+    p.add_argument("--only", choices=["qkv_prep", "attention", "decoder"], default=None, help="one group of rows")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -227,6 +234,126 @@ def bench_attention(
 
 
 # ------------------------------------------------------------------------------------------------------
+# The VAE decoder's fused passes
+# ------------------------------------------------------------------------------------------------------
+
+DECODER_PASSES = [
+    # (kernel, c, T, h, w, count per chunk): the 57b decoder at 704x1088, one latent frame (4 video frames)
+    ("norm_silu", 96, 4, 704, 1088, 7),  # full resolution: 2 per residual block + norm_out
+    ("norm_silu", 192, 4, 352, 544, 6),
+    ("norm_silu", 384, 2, 176, 272, 6),
+    ("bias_add", 96, 4, 704, 1088, 2),  # a residual block's last add (bias + residual)
+    ("upsample", 192, 4, 352, 544, 1),  # stage 2 -> full resolution, the residual block's add folded in
+    ("upsample_fold", 384, 2, 176, 272, 1),  # stage 1: time conv's 768 channels -> 4 frames at 352x544
+]
+DECODER_SWEEP = [(rows, warps) for rows in (8, 16, 32, 64, 128) for warps in (2, 4, 8)]  # (block_rows, num_warps)
+
+
+class DecoderPass:
+    """One of the decoder's passes at one shape, with `sets` input sets: x and residual (B, cx, T, h, w)
+    channels-last, the norm weight (c,) and a bias (cx,); cx = 2c for the time fold, else c."""
+
+    def __init__(self, kernel: str, c: int, t: int, h: int, w: int, n_sets: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        cl = torch.channels_last_3d
+        gen = torch.Generator(device=device).manual_seed(c + t)
+        self.kernel, self.fold = kernel, kernel == "upsample_fold"
+        cx = 2 * c if self.fold else c
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, device=device).to(dtype).contiguous(memory_format=cl)
+
+        self.x = [randn(1, cx, t, h, w) for _ in range(n_sets)]
+        self.residual = None if self.fold else [randn(1, cx, t, h, w) for _ in range(n_sets)]
+        self.scratch = [x.clone() for x in self.x]  # outputs of in-place passes (the inputs stay intact)
+        self.windows = [torch.empty(1, c, 2 + t, h, w, device=device, dtype=dtype).contiguous(memory_format=cl)
+                        for _ in range(n_sets)] if kernel == "norm_silu" else []
+        self.weight = 1.0 + 0.3 * torch.randn(c, generator=gen, device=device)
+        self.bias = torch.randn(cx, generator=gen, device=device).to(dtype)
+        n, size = cx * t * h * w, self.x[0].element_size()
+        reads = {"norm_silu": 1, "bias_add": 2, "upsample": 2, "upsample_fold": 1}[kernel]
+        writes = {"norm_silu": 1, "bias_add": 1}.get(kernel, 4)
+        self.nbytes = (reads + writes) * n * size  # the floor: every input read once, every output written once
+        self.out: torch.Tensor | None = None
+
+    def res(self, i: int) -> torch.Tensor | None:
+        return None if self.residual is None else self.residual[i]
+
+    def call(self, fn: Callable[..., torch.Tensor], **kw: Any) -> Callable[[int], torch.Tensor]:
+        """fn as the decoder runs it on input set i: a residual block's second norm (the first conv's bias
+        folded in) into a window's tail; a residual block's last add in place; an up-sampling with its add."""
+
+        def run(i: int) -> torch.Tensor:
+            if self.kernel == "norm_silu":
+                self.out = fn(self.x[i], self.weight, EPS, out=self.windows[i][:, :, 2:], bias=self.bias, **kw)
+            elif self.kernel == "bias_add":
+                self.out = fn(self.x[i], self.bias, self.res(i), out=self.scratch[i], **kw)
+            else:
+                self.out = fn(self.x[i], self.bias, self.res(i), fold_time=self.fold, **kw)
+            return self.out
+
+        return run
+
+    def unfused(self, i: int) -> torch.Tensor:
+        """The passes `upsample_nearest` replaced in characters.vae: the add (in place), the time fold's reshape,
+        2-D nearest up-sampling frame by frame, the copy to channels-last cuDNN made of the result."""
+        x = (bias_add_triton if self.x[i].is_cuda and HAS_TRITON else bias_add_ref)(
+            self.x[i], self.bias, self.res(i), out=self.scratch[i])  # (B, cx, T, h, w)
+        b, cx, t, h, w = x.shape
+        if self.fold:
+            x = x.view(b, 2, cx // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, cx // 2, 2 * t, h, w)
+        c, t = x.shape[1], x.shape[2]
+        frames = x.transpose(1, 2).reshape(b * t, c, h, w)  # (B*T', c, h, w)
+        up = torch.nn.functional.interpolate(frames, scale_factor=2.0, mode="nearest")
+        self.out = up.view(b, t, c, 2 * h, 2 * w).transpose(1, 2).contiguous(memory_format=torch.channels_last_3d)
+        return self.out
+
+    def reference(self) -> torch.Tensor:
+        if self.kernel == "norm_silu":
+            return norm_silu_ref(self.x[0], self.weight, EPS, bias=self.bias)
+        if self.kernel == "bias_add":
+            return bias_add_ref(self.x[0], self.bias, self.res(0))
+        return upsample_nearest_ref(self.x[0], self.bias, self.res(0), fold_time=self.fold)
+
+
+def bench_decoder_passes(args: argparse.Namespace, device: torch.device, hbm_bw: float | None) -> list[dict[str, Any]]:
+    """One row per (pass, variant): the PyTorch reference, the Triton kernel (and its tilings with --sweep), and
+    for the up-samplings the unfused path they replaced."""
+    cuda = device.type == "cuda"
+    rows: list[dict[str, Any]] = []
+    for kernel, c, t, h, w, count in DECODER_PASSES:
+        if not cuda:  # CPU: the same passes with frames 1/16 the size in each dimension
+            h, w = max(2, h // 16), max(2, w // 16)
+        p = DecoderPass(kernel, c, t, h, w, args.sets, device, torch.bfloat16 if cuda else torch.float32)
+        ref = {"norm_silu": norm_silu_ref, "bias_add": bias_add_ref}.get(kernel, upsample_nearest_ref)
+        variants: list[tuple[str, Callable[[int], torch.Tensor]]] = [("torch_ref", p.call(ref))]
+        if kernel.startswith("upsample"):
+            variants.append(("torch_unfused", p.unfused))
+        if cuda and HAS_TRITON:
+            tri = {"norm_silu": norm_silu_triton, "bias_add": bias_add_triton}.get(kernel, upsample_nearest_triton)
+            variants.append(("triton", p.call(tri)))
+            if args.sweep:
+                variants += [(f"triton_r{r}_w{nw}", p.call(tri, block_rows=r, num_warps=nw)) for r, nw in DECODER_SWEEP]
+        want = p.reference()
+        floor_ms = p.nbytes / hbm_bw * 1e3 if hbm_bw else None
+        for name, fn in variants:
+            row: dict[str, Any] = {"kernel": kernel, "variant": f"c{c} T{t} {h}x{w} {name}", "bytes": p.nbytes,
+                                   "per_chunk": count}
+            try:
+                row["rel_err"] = rel_err(fn(0), want)
+                timing = time_ms(fn, args.warmup, args.iters, len(p.x), cuda)
+            except (RuntimeError, ValueError) as e:  # a tiling that does not compile or fit: report it, keep going
+                row["error"] = str(e).splitlines()[0] if str(e) else repr(e)
+                rows.append(row)
+                continue
+            row.update(timing, floor_ms=floor_ms)
+            row["achieved_bytes_per_s"] = p.nbytes / (timing["median_ms"] * 1e-3)
+            row["time_over_floor"] = timing["median_ms"] / floor_ms if floor_ms else None
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------
 # main
 # ------------------------------------------------------------------------------------------------------
 
@@ -265,17 +392,19 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         width = int(spec.split(".")[0])
         return f"{'-':>{width}}" if v is None else format(v, spec)
 
-    print(f"{'kernel':10} {'variant':24} {'median ms':>10} {'floor ms':>9} {'x floor':>8} {'rate':>13} {'rel err':>9}")
+    print(f"{'kernel':13} {'variant':32} {'median ms':>10} {'floor ms':>9} {'x floor':>8} {'rate':>13} {'rel err':>9}")
     for r in rows:
         if "error" in r:
-            print(f"{r['kernel']:10} {r['variant']:24} error: {r['error'][:70]}")
+            print(f"{r['kernel']:13} {r['variant']:32} error: {r['error'][:70]}")
             continue
         if r["kernel"] == "qkv_prep":
             rate, err = f"{r['achieved_bytes_per_s'] / 1e9:8.0f} GB/s", max(r["q_rel_err"], r["k_rel_err"])
+        elif "flops" not in r:  # the decoder's passes: bytes only
+            rate, err = f"{r['achieved_bytes_per_s'] / 1e9:8.0f} GB/s", r["rel_err"]
         else:
             rate, err = f"{r['achieved_flops_per_s'] / 1e12:6.1f} TFLOP/s", r["rel_err"]
         print(
-            f"{r['kernel']:10} {r['variant']:24} {r['median_ms']:10.4f} {fmt(r['floor_ms'], '9.4f')} "
+            f"{r['kernel']:13} {r['variant']:32} {r['median_ms']:10.4f} {fmt(r['floor_ms'], '9.4f')} "
             f"{fmt(r['time_over_floor'], '8.2f')} {rate:>13} {err:9.2e}"
         )
 
@@ -316,9 +445,11 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = {k: getattr(args, k) for k in ("batch", "tokens", "heads", "head_dim", "cache_slots", "offset")}
     print(f"shapes: {shapes}, dtype {args.dtype}, cache dtype {args.cache_dtype}")
-    rows = bench_qkv_prep(args, device, hbm_bw)
-    if not args.skip_attention:
+    rows = bench_qkv_prep(args, device, hbm_bw) if args.only in (None, "qkv_prep") else []
+    if not args.skip_attention and args.only in (None, "attention"):
         rows += bench_attention(args, device, hbm_bw, matmul_flops)
+    if args.only in (None, "decoder"):
+        rows += bench_decoder_passes(args, device, hbm_bw)
     print_table(rows)
     if args.out:
         result = {

@@ -1,5 +1,6 @@
 """Kernels on a CUDA GPU: the qkv_prep Triton kernel vs its reference (bf16 first), CUDA-graph capture with a
-changing slot, and every attention backend vs `attention_ref`. Run on the GPU machine: `pytest -m gpu tests/gpu`.
+changing slot, every attention backend vs `attention_ref`, and the VAE decoder's fused norm + SiLU, bias add and
+up-sampling kernels vs their references at its real shapes. Run on the GPU machine: `pytest -m gpu tests/gpu`.
 
 Nothing here touches CUDA at import or collection time, so CPU CI can collect and deselect by marker.
 """
@@ -185,3 +186,79 @@ def test_norm_silu_matches_reference_cuda(c: int, t: int, h: int, w: int, past: 
     norm_silu(x, weight, 1e-6, out=window[:, :, past:], residual=res)
     assert window[:, :, :past].isnan().all() and not window[:, :, past:].isnan().any()
     assert rel_err(window[:, :, past:], ref) < REL_TOL[torch.bfloat16]
+
+
+NORM_TILING_SHAPES = [
+    # (c, T, h, w): the 57b decoder's stages at 704x1088 (full resolution with 2 of its 4 frames), then odd widths
+    (96, 2, 704, 1088),
+    (192, 4, 352, 544),
+    (384, 2, 176, 272),
+    (384, 1, 88, 136),
+    (40, 2, 33, 47),
+    (3, 1, 17, 9),
+]
+
+
+@pytest.mark.parametrize(("c", "t", "h", "w"), NORM_TILING_SHAPES)
+def test_norm_silu_tiling_matches_reference_cuda(c: int, t: int, h: int, w: int) -> None:
+    """The column-chunk tiling (96 = 3 x 32, 192 = 3 x 64, 384 = 3 x 128; one masked block for 40, 3) with a
+    folded bias, a residual and the sum written over x in place, into a window's tail."""
+    from kernels.norm_silu import norm_silu, norm_silu_ref
+
+    g = torch.Generator(device="cuda").manual_seed(c + t)
+    cl = torch.channels_last_3d
+    x = torch.randn(1, c, t, h, w, device="cuda", generator=g).bfloat16().contiguous(memory_format=cl)
+    res = torch.randn_like(x)
+    weight = 1 + 0.3 * torch.randn(c, device="cuda", generator=g)
+    bias = torch.randn(c, device="cuda", generator=g).bfloat16()
+    window = torch.full((1, c, 2 + t, h, w), float("nan"), device="cuda", dtype=torch.bfloat16)
+    window = window.contiguous(memory_format=cl)
+    want_sum = x.clone()
+    ref = norm_silu_ref(x, weight, 1e-6, residual=res, sum_out=want_sum, bias=bias)
+    norm_silu(x, weight, 1e-6, out=window[:, :, 2:], residual=res, sum_out=x, bias=bias)
+    torch.cuda.synchronize()
+    assert window[:, :, :2].isnan().all() and not window[:, :, 2:].isnan().any()
+    assert rel_err(window[:, :, 2:], ref) < REL_TOL[torch.bfloat16]
+    assert torch.equal(x, want_sum)  # a float32 sum rounded once to nearest even, on both sides
+
+
+@pytest.mark.parametrize(("c", "t", "h", "w"), [(768, 2, 176, 272), (8, 4, 704, 1088), (96, 1, 704, 1088)])
+def test_bias_add_matches_reference_cuda(c: int, t: int, h: int, w: int) -> None:
+    """A time conv's 768-wide output (6 x 128), conv_out padded to 8 channels, a full-resolution residual add."""
+    from kernels.norm_silu import bias_add, bias_add_ref
+
+    g = torch.Generator(device="cuda").manual_seed(c)
+    y = torch.randn(1, c, t, h, w, device="cuda", generator=g).bfloat16()
+    y = y.contiguous(memory_format=torch.channels_last_3d)
+    res, bias = torch.randn_like(y), torch.randn(c, device="cuda", generator=g).bfloat16()
+    want = bias_add_ref(y, bias, res)
+    assert bias_add(y, bias, res, out=y) is y and torch.equal(y, want)
+
+
+UPSAMPLE_SHAPES = [
+    # (c out, fold time, T, h, w, residual): the 57b decoder's three up-samplings at 704x1088, then odd ones
+    (192, False, 4, 352, 544, True),
+    (384, True, 2, 176, 272, False),
+    (384, True, 1, 88, 136, False),
+    (40, False, 3, 17, 23, True),
+    (3, True, 2, 5, 7, False),
+]
+
+
+@pytest.mark.parametrize(("c", "fold", "t", "h", "w", "residual"), UPSAMPLE_SHAPES)
+def test_upsample_matches_reference_cuda(c: int, fold: bool, t: int, h: int, w: int, residual: bool) -> None:
+    """The fused add + (time fold) + 2x nearest up-sampling, bit for bit: one float32 sum, rounded once."""
+    from kernels.upsample import upsample_nearest, upsample_nearest_ref
+
+    g = torch.Generator(device="cuda").manual_seed(c + t)
+    cx = 2 * c if fold else c
+    x = torch.randn(1, cx, t, h, w, device="cuda", generator=g).bfloat16()
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    res = torch.randn_like(x) if residual else None
+    bias = torch.randn(cx, device="cuda", generator=g).bfloat16()
+    got = upsample_nearest(x, bias, res, fold_time=fold)
+    want = upsample_nearest_ref(x, bias, res, fold_time=fold)
+    torch.cuda.synchronize()
+    assert got.shape == want.shape == (1, c, (2 if fold else 1) * t, 2 * h, 2 * w)
+    assert got.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(got, want)

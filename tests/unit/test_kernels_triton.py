@@ -19,15 +19,26 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from kernels import qkv_prep, qkv_prep_ref, qkv_prep_triton
 from kernels._triton import interpreter_enabled
-from kernels.norm_silu import bias_add_ref, bias_add_triton, norm_silu_ref, norm_silu_triton
+from kernels.norm_silu import (
+    bias_add_ref,
+    bias_add_triton,
+    block_rows_for,
+    channel_blocks,
+    norm_silu_ref,
+    norm_silu_triton,
+)
 from kernels.testing import make_qkv_prep_inputs, rel_err
+from kernels.upsample import upsample_nearest_ref, upsample_nearest_triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as the process started
 EPS = 1e-6
@@ -230,3 +241,179 @@ class TestNormSiluTriton:
         x = torch.randn(1, 8, 2, 3, 3)  # contiguous NCDHW: channels are not innermost
         with pytest.raises(ValueError, match="channels-last-3d"):
             norm_silu_triton(x, torch.ones(8), 1e-6)
+
+
+# ------------------------------------------------------------------------------------------------------
+# norm_silu's column-chunk tiling, the fused up-sampling, and the window decoder on the Triton kernels
+# ------------------------------------------------------------------------------------------------------
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+TILING_CASES = [
+    # (c, expected (block, chunks), T, h, w, block_rows or None): the decoder's widths, then odd ones
+    (96, (32, 3), 1, 3, 5, 4),
+    (192, (64, 3), 1, 2, 7, None),
+    (384, (128, 3), 1, 3, 3, 2),
+    (40, (64, 1), 1, 3, 5, 8),
+    (48, (16, 3), 2, 2, 3, None),
+    (3, (4, 1), 1, 5, 3, None),
+]
+
+
+class TestNormSiluTiling:
+    """Rows taken as power-of-two column chunks (96 = 3 x 32, ...) with a two-pass norm inside one program."""
+
+    __test__ = INTERPRETED
+
+    @pytest.mark.parametrize(("c", "blocks", "t", "h", "w", "block_rows"), TILING_CASES,
+                             ids=[f"c{n[0]}-rows{n[5]}" for n in TILING_CASES])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_chunked_rows_match_reference(self, c: int, blocks: tuple[int, int], t: int, h: int, w: int,
+                                          block_rows: int | None, dtype: torch.dtype) -> None:
+        """Bias, residual and the sum written over x itself (in place), into a window's tail; few rows, and a
+        block of rows that does not divide them (the last program masked)."""
+        assert channel_blocks(c) == blocks
+        g = torch.Generator().manual_seed(c)
+        x = _cl(torch.randn(2, c, t, h, w, generator=g).to(dtype))
+        res = _cl(torch.randn(2, c, t, h, w, generator=g).to(dtype))
+        weight, bias = 1.0 + 0.3 * torch.randn(c, generator=g), torch.randn(c, generator=g).to(dtype)
+        window = _cl(torch.full((2, c, 2 + t, h, w), float("nan"), dtype=dtype))
+        want_sum = x.clone()
+        want = norm_silu_ref(x, weight, EPS, residual=res, sum_out=want_sum, bias=bias)
+        norm_silu_triton(x, weight, EPS, out=window[:, :, 2:], residual=res, sum_out=x, bias=bias,
+                         block_rows=block_rows)
+        assert window[:, :, :2].isnan().all() and not window[:, :, 2:].isnan().any()
+        assert rel_err(window[:, :, 2:], want) < REL_TOL[dtype]
+        assert rel_err(x, want_sum) < REL_TOL[dtype]  # sum_out aliasing x
+
+    @pytest.mark.parametrize("c", [96, 384, 40])
+    def test_norm_only(self, c: int) -> None:
+        g = torch.Generator().manual_seed(c + 1)
+        x = _cl(torch.randn(1, c, 1, 3, 4, generator=g))
+        weight = 1.0 + 0.3 * torch.randn(c, generator=g)
+        assert rel_err(norm_silu_triton(x, weight, EPS), norm_silu_ref(x, weight, EPS)) < 1e-6
+
+    @pytest.mark.parametrize("c", [768, 8, 40])
+    def test_bias_add_chunked(self, c: int) -> None:
+        """768 = 6 x 128 (a time conv's output), 8 (conv_out padded), 40 (one masked block)."""
+        g = torch.Generator().manual_seed(c)
+        y = _cl(torch.randn(1, c, 2, 2, 3, generator=g))
+        res, bias = _cl(torch.randn(1, c, 2, 2, 3, generator=g)), torch.randn(c, generator=g)
+        want = bias_add_ref(y, bias, res)
+        assert bias_add_triton(y, bias, res, out=y, block_rows=4) is y and torch.equal(y, want)
+
+    def test_channel_blocks(self) -> None:
+        assert [channel_blocks(c) for c in (1, 4, 8, 16, 128, 256, 768, 1024)] == [
+            (1, 1), (4, 1), (8, 1), (16, 1), (128, 1), (128, 2), (128, 6), (128, 8)]
+        assert channel_blocks(2048) == (2048, 1)  # more than 8 chunks: one block, as before
+        assert [block_rows_for(c) for c in (96, 192, 384, 8)] == [32, 16, 8, 256]
+        with pytest.raises(ValueError, match="block_rows=3 must be a power of two"):
+            norm_silu_triton(_cl(torch.randn(1, 8, 1, 2, 2)), torch.ones(8), EPS, block_rows=3)
+
+
+UPSAMPLE_CASES = [
+    # (B, c out, fold time, T, h, w, bias, residual, dtype, window frames before the output)
+    (1, 192, False, 1, 3, 4, True, True, torch.float32, 0),
+    (1, 96, True, 2, 2, 3, True, False, torch.float32, 2),
+    (2, 384, True, 1, 2, 2, True, False, torch.bfloat16, 0),
+    (1, 40, False, 2, 3, 5, True, True, torch.float16, 1),
+    (2, 3, True, 1, 3, 2, False, False, torch.bfloat16, 0),
+    (1, 24, False, 1, 1, 1, False, True, torch.float32, 0),
+]
+
+
+class TestUpsampleTriton:
+    """The 2x nearest up-sampling with its pending add (and the time fold), against its reference."""
+
+    __test__ = INTERPRETED
+
+    @pytest.mark.parametrize(("b", "c", "fold", "t", "h", "w", "bias", "residual", "dtype", "past"), UPSAMPLE_CASES,
+                             ids=[f"B{n[0]}-c{n[1]}-fold{int(n[2])}-T{n[3]}-{n[4]}x{n[5]}-bias{int(n[6])}-"
+                                  f"res{int(n[7])}-{str(n[8])[6:]}-past{n[9]}" for n in UPSAMPLE_CASES])
+    def test_triton_matches_reference(self, b: int, c: int, fold: bool, t: int, h: int, w: int, bias: bool,
+                                      residual: bool, dtype: torch.dtype, past: int) -> None:
+        g = torch.Generator().manual_seed(c + t)
+        cx, tout = (2 * c, 2 * t) if fold else (c, t)
+        x = _cl(torch.randn(b, cx, t, h, w, generator=g).to(dtype))
+        res = _cl(torch.randn(b, cx, t, h, w, generator=g).to(dtype)) if residual else None
+        vec = torch.randn(cx, generator=g).to(dtype) if bias else None
+        buf = _cl(torch.full((b, c, past + tout, 2 * h, 2 * w), float("nan"), dtype=dtype))
+        want = upsample_nearest_ref(x, vec, res, fold_time=fold)
+        got = upsample_nearest_triton(x, vec, res, fold_time=fold, out=buf[:, :, past:], block_rows=4)
+        assert got.data_ptr() == buf[:, :, past:].data_ptr() and not got.isnan().any()
+        assert buf[:, :, :past].isnan().all()  # frames before the output untouched
+        if dtype == torch.bfloat16 and (bias or residual):
+            # The interpreter truncates float -> bfloat16 where compiled Triton and torch round to nearest even
+            # (tests/gpu checks it bit for bit): allow one bfloat16 ulp.
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
+        else:
+            assert torch.equal(got, want)
+        fresh = upsample_nearest_triton(x, vec, res, fold_time=fold)  # allocated: channels-last, the same values
+        assert fresh.is_contiguous(memory_format=torch.channels_last_3d) and torch.equal(fresh, got)
+
+    def test_reference_is_the_unfused_path(self) -> None:
+        """bias_add, then the time fold (view, permute, reshape) and 2-D nearest up-sampling frame by frame."""
+        g = torch.Generator().manual_seed(9)
+        y = _cl(torch.randn(1, 8, 2, 3, 4, generator=g))
+        bias = torch.randn(8, generator=g)
+        s = bias_add_ref(y, bias)
+        frames = s.view(1, 2, 4, 2, 3, 4).permute(0, 2, 3, 1, 4, 5).reshape(1, 4, 4, 3, 4)  # (B, c, 2T, h, w)
+        want = torch.nn.functional.interpolate(frames.transpose(1, 2).reshape(4, 4, 3, 4), scale_factor=2.0)
+        got = upsample_nearest_ref(y, bias, fold_time=True)
+        assert torch.equal(got, want.view(1, 4, 4, 6, 8).transpose(1, 2))
+        assert got.is_contiguous(memory_format=torch.channels_last_3d)
+        assert torch.equal(got[:, :, 1, 3, 5], s[:, 4:, 0, 1, 2])  # frame 2*0 + 1 is the second half
+
+    def test_rejects_bad_shapes_and_layouts(self) -> None:
+        x = _cl(torch.randn(1, 6, 1, 2, 2))
+        with pytest.raises(ValueError, match="out has shape"):
+            upsample_nearest_triton(x, out=_cl(torch.empty(1, 6, 1, 2, 4)))
+        with pytest.raises(ValueError, match="even channel count"):
+            upsample_nearest_triton(_cl(torch.randn(1, 5, 1, 2, 2)), fold_time=True)
+        with pytest.raises(ValueError, match="channels-last-3d"):
+            upsample_nearest_triton(torch.randn(1, 6, 1, 2, 2))
+
+
+class TestWindowDecoderTriton:
+    """The serving decoder (`forward_window`) with every fused kernel forced to its Triton form, where the CPU
+    dispatch would pick the references, decodes a stream as the concatenating path does."""
+
+    __test__ = INTERPRETED
+
+    def test_window_decoder_on_triton_kernels(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import characters.vae as vae
+        from characters.config import VAEConfig
+
+        calls: Counter[str] = Counter()
+
+        def counted(name: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+            def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+                calls[name] += 1
+                return fn(*args, **kwargs)
+
+            return run
+
+        monkeypatch.setattr(vae, "norm_silu", counted("norm_silu", norm_silu_triton))
+        monkeypatch.setattr(vae, "bias_add", counted("bias_add", bias_add_triton))
+        monkeypatch.setattr(vae, "upsample_nearest", counted("upsample", upsample_nearest_triton))
+        # Widths 48 (3 x 16 chunks, and the time fold of 96), 16, and 40 (one masked block) at full resolution.
+        cfg = VAEConfig(latent_channels=4, base_channels=8, channel_mult=(5, 2, 6, 6), num_res_blocks=1,
+                        encoder_base_channels=8)
+        torch.manual_seed(0)
+        decoder = vae.CausalDecoder(cfg).eval().to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
+        z = torch.randn(1, 4, 2, 2, 3, generator=torch.Generator().manual_seed(1))  # (B, C, T, h, w)
+        with torch.inference_mode():
+            plain = decoder.init_state(1, 2, 3, "cpu", torch.float32)
+            windowed = decoder.init_state(1, 2, 3, "cpu", torch.float32, chunk_frames=1)
+            for i in range(2):  # two chunks: the second reads the caches the first left
+                want = decoder.decode_chunk(z[:, :, i : i + 1], plain)
+                got = decoder.decode_chunk(z[:, :, i : i + 1], windowed)
+                assert got.shape == (1, 3, 4, 16, 24)
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+                for a, b in zip(windowed.caches, plain.caches, strict=True):
+                    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        # per chunk: 2 norms in each of the 10 residual blocks (2 mid, 2 per stage) + norm_out; 3 up-samplings
+        assert calls["norm_silu"] == 2 * (2 * 10 + 1) and calls["upsample"] == 2 * 3 and calls["bias_add"] > 0

@@ -215,3 +215,38 @@ def test_flops_match_the_layers_actually_run(decoder: CausalDecoder) -> None:
     assert decoder_flops_per_chunk(SMALL, *LATENT_HW) == 2.0 * macs
     # The 57b decoder: ~26 TFLOP per latent frame at 704x1088, why it gets a GPU of its own.
     assert 20e12 < decoder_flops_per_chunk(MODEL_PRESETS["57b"].vae, 88, 136) < 30e12
+
+
+@torch.inference_mode()
+def test_window_path_folds_each_add_into_the_next_pass(decoder: CausalDecoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A residual block leaves its last add to the next step: the spatial up-sampling reads y, bias and residual
+    itself, a time conv's window gets the sum written into its tail, and the time conv's own bias is added by
+    the up-sampling that folds its two halves into frames; the decoded chunk is unchanged."""
+    import characters.vae as vae
+
+    ups: list[tuple[bool, bool, bool]] = []  # (fold_time, bias given, residual given) per up-sampling
+    adds = 0
+    upsample, bias_add = vae.upsample_nearest, vae.bias_add
+
+    def record_upsample(x: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                        *, fold_time: bool = False) -> torch.Tensor:
+        ups.append((fold_time, bias is not None, residual is not None))
+        return upsample(x, bias, residual, fold_time=fold_time)
+
+    def count_add(*args: torch.Tensor | None, **kwargs: torch.Tensor | None) -> torch.Tensor:
+        nonlocal adds
+        adds += 1
+        return bias_add(*args, **kwargs)  # type: ignore[arg-type]
+
+    z = _latents(2)
+    plain = decoder.init_state(1, *LATENT_HW, "cpu", torch.float32)
+    windowed = decoder.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=1)
+    want = decoder.decode_chunk(z[:, :, :1], plain)
+    monkeypatch.setattr(vae, "upsample_nearest", record_upsample)
+    monkeypatch.setattr(vae, "bias_add", count_add)
+    torch.testing.assert_close(decoder.decode_chunk(z[:, :, :1], windowed), want, atol=1e-4, rtol=0)
+    # SMALL: two temporal up-samplings (after stages 0, 1), then a spatial one (after stage 2)
+    assert ups == [(True, True, False), (True, True, False), (False, True, True)]
+    # conv_in, the three kt = 1 convs after the up-samplings, conv_out, and 9 of the 10 residual blocks' adds
+    # (the one before the spatial up-sampling is folded into it); the time convs add no bias of their own
+    assert adds == 1 + 3 + 1 + 9
