@@ -232,11 +232,12 @@ class TopologyConfig(_Frozen):
         "(all-gather before, reduce-scatter after them) so each rank runs 1/dit_ranks of the token-wise work; "
         "False: every rank holds every token (all-reduce after the row-parallel layers).",
     )
-    tp_overlap: Literal["none", "ring"] = Field(
+    tp_overlap: Literal["none", "ring", "symm_mem"] = Field(
         default="none",
         description="Sequence-parallel collectives: 'none' = NCCL's all-gather / reduce-scatter next to the GEMMs; "
         "'ring' = decomposed into peer-to-peer ring steps, each overlapped with the GEMM of the tokens already "
-        "here (all-gather+matmul, matmul+reduce-scatter).",
+        "here (all-gather+matmul, matmul+reduce-scatter); 'symm_mem' = PyTorch's fused all-gather+matmul and "
+        "matmul+reduce-scatter on symmetric memory (CUDA GPUs with peer access only).",
     )
 
     @property

@@ -20,6 +20,10 @@ all-reduce is a reduce-scatter plus an all-gather); the elementwise work per ran
 - ``overlap="ring"``: the collective decomposed into n-1 ring steps of peer-to-peer sends, each
   overlapped with the GEMM of the token block already here (all-gather+matmul, matmul+reduce-
   scatter). Any backend with send/recv (NCCL, gloo); equal to ``"none"`` up to the order of the sum.
+- ``overlap="symm_mem"``: PyTorch's fused ops on symmetric memory (`torch.ops.symm_mem.
+  fused_all_gather_matmul` / `fused_matmul_reduce_scatter`): the blocks move by copy engines between
+  GPUs' memories (no SMs spent on communication) while the GEMMs run. CUDA only, B == 1 (serving).
+  Keep NVLink multicast off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0).
 
 On one device (``size == 1``) all of it is a plain linear layer. `apply_tensor_parallel(model, group)`
 slices the weights each rank keeps and divides every attention module's head count; the
@@ -37,8 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 Mode = Literal["column", "row"]
-Overlap = Literal["none", "ring"]
-OVERLAPS: tuple[Overlap, ...] = ("none", "ring")
+Overlap = Literal["none", "ring", "symm_mem"]
+OVERLAPS: tuple[Overlap, ...] = ("none", "ring", "symm_mem")
 
 
 class TokenShards:
@@ -61,6 +65,7 @@ class TokenShards:
         self.communicate = communicate
         self.tokens, self.rows = 0, 0
         self._standins: dict[tuple[object, ...], torch.Tensor] = {}
+        self._symm_enabled: set[str] = set()
 
     def begin(self, tokens: int) -> None:
         self.tokens, self.rows = tokens, -(-tokens // self.size)
@@ -117,6 +122,13 @@ class TokenShards:
         """linear(all-gather(x)): (B, m, K) local rows -> (B, T, N) every token, this rank's features."""
         if self.overlap == "none" or not self.communicate:
             return F.linear(self.gather(x), weight, bias)
+        if self.overlap == "symm_mem":
+            group = self._symm_group(x)  # first: importing symmetric memory registers the ops
+            _, (y,) = torch.ops.symm_mem.fused_all_gather_matmul(
+                x.reshape(-1, x.shape[-1]), [weight.t()], 0, group, return_A=False)  # (n*m, N)
+            if bias is not None:
+                y.add_(bias)
+            return y[None, :self.tokens]  # (1, T, N)
         n, r = self.size, self.rank
         b = x.shape[0]
         blocks = self._blocks(b, x.shape[-1], x)  # (n, B, m, K): the ring fills it block by block
@@ -137,9 +149,18 @@ class TokenShards:
 
     def linear_reduce_scatter(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                               ) -> torch.Tensor:
-        """Sum over ranks of linear(x), this rank's rows: (B, T, K) every token -> (B, m, N).
-        `bias` is added by exactly one rank (the caller passes it on rank 0 only)."""
+        """Sum over ranks of linear(x), plus `bias` once, this rank's rows: (B, T, K) every token -> (B, m, N).
+        Every rank passes the same whole `bias`; rank 0 adds it in its GEMM (or each rank to its own rows
+        after the sum), so the sum carries it exactly once."""
         n, r, m = self.size, self.rank, self.rows
+        if self.overlap == "symm_mem" and self.communicate:
+            group = self._symm_group(x)
+            y = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                self._padded(x).reshape(-1, x.shape[-1]), weight.t(), "sum", 0, group)  # (m, N)
+            if bias is not None:
+                y.add_(bias)
+            return y[None]  # (1, m, N)
+        bias = bias if r == 0 else None
         if not self.communicate:  # the rank's GEMM over every token, as in the real path; its rows kept
             return self._padded(F.linear(x, weight, bias))[:, r * m:(r + 1) * m]
         if self.overlap == "none":
@@ -166,6 +187,20 @@ class TokenShards:
                     dist.P2POp(dist.irecv, inbox[s % 2], (r - 1) % n, self.group),
                 ])
         return acc
+
+    def _symm_group(self, x: torch.Tensor) -> str:
+        """The group's name, with symmetric memory enabled for it (once); checks what the fused ops need."""
+        if not x.is_cuda or x.shape[0] != 1:
+            raise ValueError(f"tp overlap='symm_mem' needs CUDA tensors with batch 1; got {x.device} tensors "
+                             f"of shape {tuple(x.shape)}: use overlap='ring' or 'none'")
+        group = self.group if self.group is not None else dist.group.WORLD
+        name: str = group.group_name  # type: ignore[union-attr]
+        if name not in self._symm_enabled:
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            symm_mem.enable_symm_mem_for_group(name)  # type: ignore[arg-type]
+            self._symm_enabled.add(name)
+        return name
 
     def _padded_rows(self, y: torch.Tensor) -> torch.Tensor:
         """(B, rows <= m, N) -> (B, m, N) with zero rows appended (the last block when n does not divide T)."""
@@ -239,10 +274,10 @@ class ParallelLinear(nn.Linear):
             return super().forward(x)
         if self.mode == "column":
             return super().forward(x) if self.shards is None else self.shards.gather_linear(x, self.weight, self.bias)
+        if self.shards is not None:  # the bias enters the sum once (see `linear_reduce_scatter`)
+            return self.shards.linear_reduce_scatter(x, self.weight, self.bias)
         # rank 0 adds the bias in the GEMM's epilogue; the sum over ranks then counts it exactly once
         bias = self.bias if self.tp_rank == 0 else None
-        if self.shards is not None:
-            return self.shards.linear_reduce_scatter(x, self.weight, bias)
         y = F.linear(x, self.weight, bias)
         if self.communicate:
             dist.all_reduce(y, group=self.group)

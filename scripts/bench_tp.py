@@ -8,6 +8,7 @@ rank's share (seeded, TP-invariant init). Per rank, in turn (CUDA graphs on GPUs
 - ``replicated``: no sequence parallelism, an all-reduce after each row-parallel layer;
 - ``sp_none``: sequence parallel, NCCL's all-gather / reduce-scatter next to the GEMMs;
 - ``sp_ring``: sequence parallel, the collectives decomposed into ring steps overlapped with the GEMMs;
+- ``sp_symm_mem``: sequence parallel, PyTorch's fused all-gather+matmul / matmul+reduce-scatter (symmetric memory);
 - ``sp_left_out``: sequence parallel with the collectives left out (`communicate=False`): compute alone.
 Exposed communication of a variant = its time minus ``sp_left_out`` (for ``replicated``, minus its own
 left-out twin, which runs every token's elementwise work). The floor is the rank's FLOPs at the bf16
@@ -43,6 +44,7 @@ VARIANTS: dict[str, tuple[bool, str, bool]] = {
     "sp_left_out": (True, "none", False),
     "sp_none": (True, "none", True),
     "sp_ring": (True, "ring", True),
+    "sp_symm_mem": (True, "symm_mem", True),
     "replicated": (False, "none", True),
     "replicated_left_out": (False, "none", False),
 }
@@ -65,6 +67,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     if cuda:
         torch.cuda.set_device(device)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (device README)
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # also for the symmetric-memory ops
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.ranks, **({"device_id": device} if cuda else {}))
     try:

@@ -115,8 +115,7 @@ def _shards_rank(rank: int, ranks: int, tokens: int, batch: int, out_path: str) 
         shards.begin(tokens)
         local = shards.split(x)  # (B, m, K)
         got[f"gather_linear_{overlap}"] = shards.gather_linear(local, w_col, b_col)
-        got[f"reduce_scatter_{overlap}"] = shards.linear_reduce_scatter(h[rank], w_row[rank],
-                                                                       b_row if rank == 0 else None)
+        got[f"reduce_scatter_{overlap}"] = shards.linear_reduce_scatter(h[rank], w_row[rank], b_row)
         got["gather"] = shards.gather(local)
     torch.save(got, f"{out_path}.{rank}")
 
@@ -166,3 +165,10 @@ def test_tensor_parallel_split_that_does_not_divide_is_refused() -> None:
 def test_unknown_overlap_is_refused() -> None:
     with pytest.raises(ValueError, match="tp overlap='fused' is unknown"):
         TokenShards(0, 2, None, overlap="fused")  # type: ignore[arg-type]
+
+
+def test_symm_mem_overlap_on_cpu_is_refused_with_the_alternatives() -> None:
+    shards = TokenShards(0, 2, None, overlap="symm_mem")
+    shards.begin(10)
+    with pytest.raises(ValueError, match="needs CUDA tensors with batch 1; got cpu.*use overlap='ring' or 'none'"):
+        shards.gather_linear(torch.zeros(1, 5, 4), torch.zeros(3, 4), None)
