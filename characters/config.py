@@ -227,10 +227,12 @@ class TopologyConfig(_Frozen):
     )
     room_cpus: float = Field(default=1.0, description="CPUs reserved for the room worker.", gt=0)
     sequence_parallel: bool = Field(
-        default=True,
+        default=False,
         description="With dit_ranks > 1: split the residual stream by tokens between the tensor-parallel layers "
         "(all-gather before, reduce-scatter after them) so each rank runs 1/dit_ranks of the token-wise work; "
-        "False: every rank holds every token (all-reduce after the row-parallel layers).",
+        "False: every rank holds every token (all-reduce after the row-parallel layers). Off by default: on 2 "
+        "H200s the 57b step ran 389.5 ms with it and 376.4 ms without (its collectives cost more in place than "
+        "the compute they save; benchmarks/h200x2/tp_57b_2_all.json).",
     )
     tp_overlap: Literal["none", "ring", "symm_mem"] = Field(
         default="none",

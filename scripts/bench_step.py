@@ -4,7 +4,9 @@
     python scripts/bench_step.py --preset 57b --topology h100x5 --device cuda    # one rank of TP4
 
 One rank of a tensor-parallel session is built with exactly that rank's shapes and share of the
-weights; the all-reduces are left out (communication excluded), so the time is one rank's compute.
+weights; the collectives are left out (communication excluded), so the time is one rank's compute.
+A mode without suffix measures the rank with sequence parallelism (its 1/n of the token-wise work);
+`_replicated` the rank holding every token (the serving default, `TopologyConfig.sequence_parallel`).
 The floor is the rank's FLOPs per chunk at the bf16 (GPU) or fp32 (CPU) matmul rate measured in the
 same run. Both cache modes (write-time and naive) are timed in one run. Prints a table, writes JSON.
 """

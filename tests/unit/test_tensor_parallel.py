@@ -170,5 +170,5 @@ def test_unknown_overlap_is_refused() -> None:
 def test_symm_mem_overlap_on_cpu_is_refused_with_the_alternatives() -> None:
     shards = TokenShards(0, 2, None, overlap="symm_mem")
     shards.begin(10)
-    with pytest.raises(ValueError, match="needs CUDA tensors with batch 1; got cpu.*use overlap='ring' or 'none'"):
+    with pytest.raises(ValueError, match=r"needs CUDA tensors with batch 1; got cpu.*use overlap='ring' or 'none'"):
         shards.gather_linear(torch.zeros(1, 5, 4), torch.zeros(3, 4), None)

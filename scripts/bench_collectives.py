@@ -1,0 +1,120 @@
+"""Benchmark: NCCL collectives at the tensor-parallel message sizes, eager and replayed from a CUDA graph.
+
+    python scripts/bench_collectives.py --ranks 2 --device cuda          # nvidia-h200-x2 and up
+    python scripts/bench_collectives.py --ranks 2                        # gloo on the CPU (small sizes)
+
+The DiT's tensor parallelism moves one chunk's residual stream, T x D (57b: 2992 x 9216 bf16 = 55 MB),
+three times per layer: as an all-reduce (replicated tokens) or as an all-gather plus a reduce-scatter
+(sequence parallelism; the same bytes). This times each collective alone at that size and reports
+algorithm and bus bandwidth (NCCL's definitions: busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
+all-gather and reduce-scatter), so the per-byte cost of the two layouts can be compared directly.
+Writes JSON from rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.bench_step import env_info, timed
+
+
+def graph_ms(fn: Callable[[], object], device: torch.device, iters: int, reps: int = 10) -> float:
+    """ms per call with `reps` calls captured in one CUDA graph (how the step runs them)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return statistics.median(timed(graph.replay, device, iters, warmup=2)) / reps
+
+
+def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    n = args.ranks
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n, **({"device_id": device} if cuda else {}))
+    try:
+        dtype = torch.bfloat16 if cuda else torch.float32
+        rows, width = args.tokens, args.dim
+        m = -(-rows // n)
+        whole = torch.randn(n * m, width, device=device, dtype=dtype)  # (n*m, D)
+        part = torch.randn(m, width, device=device, dtype=dtype)  # (m, D)
+        size = whole.numel() * whole.element_size()
+        ops: dict[str, tuple[Callable[[], object], float]] = {
+            "all_reduce": (lambda: dist.all_reduce(whole), 2 * (n - 1) / n),
+            "all_gather": (lambda: dist.all_gather_into_tensor(whole, part), (n - 1) / n),
+            "reduce_scatter": (lambda: dist.reduce_scatter_tensor(part, whole), (n - 1) / n),
+        }
+        result: dict[str, dict[str, float]] = {}
+        for name, (fn, factor) in ops.items():
+            eager = statistics.median(timed(fn, device, args.iters, warmup=3))
+            row = {"eager_ms": eager}
+            if cuda:
+                row["graph_ms"] = graph_ms(fn, device, args.iters)
+            best = min(row.values())
+            row["algbw_GBps"] = size / best / 1e6
+            row["busbw_GBps"] = row["algbw_GBps"] * factor
+            result[name] = row
+            dist.barrier()
+        if rank == 0:
+            Path(out).write_text(json.dumps({
+                "command": " ".join(["python", *sys.argv]), **env_info(device), "ranks": n,
+                "backend": "nccl" if cuda else "gloo", "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                "tensor": {"rows": n * m, "dim": width, "dtype": str(dtype), "bytes": size}, "ops": result}, indent=1))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tokens", type=int, default=2992)
+    p.add_argument("--dim", type=int, default=9216)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        sys.exit(f"bench_collectives: --ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
+                 f"{torch.cuda.device_count()}")
+    out = Path(args.out or f"benchmarks/collectives_{args.ranks}_{args.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.spawn(rank_main, args=(args, port, str(out)), nprocs=args.ranks, join=True)
+    r = json.loads(out.read_text())
+    print(f"{r['ranks']} ranks over {r['backend']}, {r['device']}, {r['tensor']}")
+    print(f"{'op':<15} {'eager ms':>9} {'graph ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+    for name, row in r["ops"].items():
+        print(f"{name:<15} {row['eager_ms']:>9.3f} {row.get('graph_ms', float('nan')):>9.3f} "
+              f"{row['algbw_GBps']:>11.1f} {row['busbw_GBps']:>11.1f}")
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
