@@ -16,22 +16,27 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 scripts/bench_step.py --preset 57b --topology h100x5 --device cuda --modes write_time,naive --no-decoder \
-    --iters 10 --out "$OUT/step_57b_h100x5_rank.json"
+  python3 scripts/bench_step.py --preset 57b --topology h100x5 --device cuda \
+    --modes write_time,write_time_replicated,naive --no-decoder --iters 10 --out "$OUT/step_57b_h100x5_rank.json"
   python3 scripts/bench_step.py --preset wan-1.3b --topology gpu1 --device cuda --modes write_time,naive \
     --out "$OUT/step_wan-1.3b_gpu1.json"
   python3 scripts/bench_decoder.py --preset 57b --device cuda --iters 15 \
-    --variants concat_compiled_graph,windows_graph,windows_graph_bench --out "$OUT/decoder_57b.json"
+    --variants concat_compiled_graph,windows_graph_bench --out "$OUT/decoder_57b.json"
   python3 scripts/bench_kernels.py --out "$OUT/kernels.json"
   python3 scripts/probe_attention_layout.py --out "$OUT/attention_layout.json"
+  python3 scripts/probe_attention_split.py --out "$OUT/attention_split.json"
+  python3 scripts/bench_gemm_split.py --preset 57b --device cuda --out "$OUT/gemm_split_57b_cuda.json"
   python3 scripts/probe_conv_forms.py --out "$OUT/conv_forms.json"
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
   if [ "$gpus" -ge 2 ]; then  # tensor parallel over NCCL (nvidia-h200-x2 and up)
-    python3 scripts/bench_tp.py --preset 57b --ranks 2 --device cuda --iters 8 --out "$OUT/tp_57b_2_cuda.json"
+    python3 -m pytest tests/gpu/test_tp_gpu.py -q -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/gpu_tests_tp.txt"
+    python3 scripts/bench_collectives.py --ranks 2 --device cuda --out "$OUT/collectives_2_cuda.json"
+    python3 scripts/bench_tp.py --preset 57b --ranks 2 --device cuda --iters 8 \
+      --variants sp_left_out,replicated_left_out,replicated,sp_none,sp_symm_mem,sp_ring --out "$OUT/tp_57b_2_all.json"
   fi
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
-  python3 scripts/profile_step.py --preset 57b --topology h100x5 --device cuda --shapes \
+  python3 scripts/profile_step.py --preset 57b --topology h100x5 --device cuda --shapes --sequence-parallel \
     --out "$OUT/profile_57b_h100x5.json"
   python3 scripts/bench_decoder.py --preset 57b --device cuda --iters 15 --variants windows_graph_bench --profile \
     --out "$OUT/decoder_57b_profile.json"

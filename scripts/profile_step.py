@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from characters.config import session_config
+from characters.config import TOPOLOGIES, session_config
 from characters.engine import DiTRunner
 from scripts.bench_step import env_info
 
@@ -48,9 +48,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default=None)
     p.add_argument("--shapes", action="store_true", help="also list the top aten ops by device time with input shapes")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="profile the sequence-parallel rank (default: the topology's setting)")
     args = p.parse_args()
     device = torch.device(args.device)
-    cfg = session_config(args.preset, args.topology, dtype="bfloat16" if device.type == "cuda" else "float32")
+    topo = TOPOLOGIES[args.topology]
+    if args.sequence_parallel:
+        topo = topo.model_copy(update={"sequence_parallel": True})
+    cfg = session_config(args.preset, topo.model_dump(), dtype="bfloat16" if device.type == "cuda" else "float32")
     runner = DiTRunner(cfg, device=device, ranks=cfg.topology.dit_ranks, communicate=False)
     h, w = cfg.model.latent_hw
     runner.start(torch.randn(1, cfg.model.dit.latent_channels, h, w, device=device))
