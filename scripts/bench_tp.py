@@ -50,7 +50,10 @@ VARIANTS: dict[str, tuple[bool, str, bool]] = {
 }
 
 
-def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool) -> list[float]:
+def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool,
+            profile_steps: int = 0) -> tuple[list[float], dict[str, float]]:
+    """Step times (ms), and with `profile_steps` the device time per chunk of the top kernels over that
+    many more steps (every rank runs them, so the collectives pair up)."""
     if graphs:
         runner.capture_graphs()
     h, w = runner.cfg.model.latent_hw
@@ -58,7 +61,19 @@ def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool) -
     windows = runner.frontend.push(np.zeros(runner.frontend.expected_samples, dtype=np.float32)).copy()
     for _ in range(runner.cfg.model.generation.ring_slots):  # steady state: the full context
         runner.step_windows(windows)
-    return timed(lambda: runner.step_windows(windows), device, iters, warmup=2)
+    times = timed(lambda: runner.step_windows(windows), device, iters, warmup=2)
+    if not profile_steps:
+        return times, {}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU]) as prof:
+        for _ in range(profile_steps):
+            runner.step_windows(windows)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    per_kernel = {ev.key: ev.device_time_total / 1e3 / profile_steps for ev in prof.key_averages()
+                  if ev.device_time_total > 0}
+    return times, dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])[:25])
 
 
 def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
@@ -79,8 +94,11 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
             cfg = session_config(args.preset, topo, dtype="bfloat16" if cuda else "float32")
             runner = DiTRunner(cfg, device=device, group=dist.group.WORLD, rank=rank, ranks=args.ranks,
                                communicate=communicate)
-            times = step_ms(runner, device, args.iters, graphs=cuda and not args.no_graphs)
+            times, kernels = step_ms(runner, device, args.iters, graphs=cuda and not args.no_graphs,
+                                     profile_steps=2 if name in args.profile.split(",") else 0)
             rows[name] = {"ms_p50": statistics.median(times), "ms_min": min(times), "ms_max": max(times)}
+            if kernels:
+                rows[name]["top_kernels_ms_per_chunk"] = kernels
             del runner
             gc.collect()
             if cuda:
@@ -113,6 +131,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--profile", default="", help="comma-separated variants to profile (top kernels per chunk)")
     p.add_argument("--variants", default="sp_left_out,sp_none,sp_ring,replicated",
                    help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--out", default=None)
@@ -133,6 +152,9 @@ def main() -> None:
         comm = row.get("exposed_communication_ms")
         comm_s = "" if comm is None else f"{comm:.2f} ({100 * row['exposed_communication_share']:.1f}%)"
         print(f"{name:<20} {row['ms_p50']:9.2f} {r['floor_ms']:7.2f} {row['ms_p50'] / r['floor_ms']:6.2f} {comm_s:>16}")
+    for name, row in r["rows"].items():
+        for kernel, ms in list(row.get("top_kernels_ms_per_chunk", {}).items())[:12]:
+            print(f"  {name:<12} {ms:8.2f} ms  {kernel[:100]}")
     print(f"-> {out}")
 
 
