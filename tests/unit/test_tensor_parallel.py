@@ -172,3 +172,47 @@ def test_symm_mem_overlap_on_cpu_is_refused_with_the_alternatives() -> None:
     shards.begin(10)
     with pytest.raises(ValueError, match=r"needs CUDA tensors with batch 1; got cpu.*use overlap='ring' or 'none'"):
         shards.gather_linear(torch.zeros(1, 5, 4), torch.zeros(3, 4), None)
+
+
+def _forward_flops(sp: bool, ranks: int = 4) -> tuple[int, object]:
+    """GEMM FLOPs (FlopCounterMode) of one full-context forward of a rank built without communication, the way
+    the benchmarks build one rank of a TP session; and its session config."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = session_config("tiny", {"name": "t", "dit_ranks": ranks, "decoder_gpus": 0, "sequence_parallel": sp},
+                         seed=1, model={"dit": {"num_layers": 2}})
+    runner = DiTRunner(cfg, rank=1, ranks=ranks, communicate=False)
+    h, w = cfg.model.latent_hw
+    runner.start(torch.randn(1, cfg.model.dit.latent_channels, h, w))
+    windows = runner.frontend.push(np.zeros(runner.frontend.expected_samples, dtype=np.float32))
+    for _ in range(cfg.model.generation.ring_slots):  # the full context
+        runner.step_windows(windows)
+    ctx, k = runner.audio_context(windows), runner.chunk
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        runner.dit(runner.x, runner.times[runner.sigmas[0]], ctx, runner.rope.chunk(0), runner.cache,
+                   runner.cache.chunk_offset(k), runner.cache.chunk_valid(k))
+    return counter.get_total_flops(), cfg
+
+
+def test_a_rank_without_communication_runs_exactly_its_share_of_the_gemms() -> None:
+    """The benchmarks' rank (collectives left out) must do the GEMM work of one rank of the session: every
+    token through its column and row blocks, whatever the token layout. Checked against the FLOP model the
+    floors use (attention and the audio embedding, not counted here, taken out of it)."""
+    from characters.flops import chunk_cost
+
+    for sp in (True, False):
+        counted, cfg = _forward_flops(sp)
+        m, cost = cfg.model, chunk_cost(cfg)  # type: ignore[attr-defined]
+        d, t = m.dit, m.tokens_per_chunk
+        attention = d.num_layers * (4 * t * m.cache_tokens * d.dim + 4 * t * m.audio_tokens_per_latent * d.dim) // 4
+        audio = sum(2 * m.generation.latent_frames_per_chunk * m.audio_tokens_per_latent * p.numel()
+                    for n, p in DiTRunner(cfg).dit.audio_embed.named_parameters() if n.endswith("weight"))
+        expected = cost.flops_per_chunk_per_rank / cost.forwards_per_chunk - attention - audio
+        assert counted == pytest.approx(expected, rel=2e-3), sp
+    # sequence parallelism only moves the per-token embedding and head to this rank's rows
+    sp_flops, cfg = _forward_flops(True)
+    rep_flops, _ = _forward_flops(False)
+    model = cfg.model  # type: ignore[attr-defined]
+    per_token = 2 * model.dit.dim * model.dit.latent_channels * model.dit.patch_size[0] * model.dit.patch_size[1]
+    rows = -(-model.tokens_per_chunk // 4)
+    assert rep_flops - sp_flops == 2 * per_token * (model.tokens_per_chunk - rows)
