@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 from collections.abc import Callable
@@ -24,26 +23,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.bench_step import env_info, timed
-
-
-def graph_ms(fn: Callable[[], object], device: torch.device, iters: int, reps: int = 10) -> float:
-    """ms per call with `reps` calls captured in one CUDA graph (how the step runs them)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return statistics.median(timed(graph.replay, device, iters, warmup=2)) / reps
+from scripts.bench_step import device_ms, env_info, timed
+from scripts.bench_tp import spawn_ranks
 
 
 def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
@@ -71,8 +55,8 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         for name, (fn, factor) in ops.items():
             eager = statistics.median(timed(fn, device, args.iters, warmup=3))
             row = {"eager_ms": eager}
-            if cuda:
-                row["graph_ms"] = graph_ms(fn, device, args.iters)
+            if cuda:  # captured in a CUDA graph, as the step runs them
+                row["graph_ms"] = device_ms(fn, device, argparse.Namespace(iters=args.iters, warmup=2))
             best = min(row.values())
             row["algbw_GBps"] = size / best / 1e6
             row["busbw_GBps"] = row["algbw_GBps"] * factor
@@ -98,16 +82,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
-        sys.exit(f"bench_collectives: --ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
-                 f"{torch.cuda.device_count()}")
     out = Path(args.out or f"benchmarks/collectives_{args.ranks}_{args.device}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    mp.spawn(rank_main, args=(args, port, str(out)), nprocs=args.ranks, join=True)
-    r = json.loads(out.read_text())
+    r = spawn_ranks(rank_main, args, out)
     print(f"{r['ranks']} ranks over {r['backend']}, {r['device']}, {r['tensor']}")
     print(f"{'op':<15} {'eager ms':>9} {'graph ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
     for name, row in r["ops"].items():

@@ -24,6 +24,7 @@ import os
 import socket
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,21 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+def spawn_ranks(fn: Callable[[int, argparse.Namespace, int, str], None], args: argparse.Namespace,
+                out: Path) -> dict[str, Any]:
+    """Run `fn(rank, args, port, out)` in `args.ranks` processes (one GPU each on CUDA) and return the JSON
+    that rank 0 wrote to `out`."""
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        sys.exit(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.spawn(fn, args=(args, port, str(out)), nprocs=args.ranks, join=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
@@ -136,16 +152,8 @@ def main() -> None:
                    help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
-        sys.exit(f"bench_tp: --ranks {args.ranks} needs {args.ranks} GPUs; this machine has "
-                 f"{torch.cuda.device_count()}")
     out = Path(args.out or f"benchmarks/tp_{args.preset}_{args.ranks}_{args.device}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    mp.spawn(rank_main, args=(args, port, str(out)), nprocs=args.ranks, join=True)
-    r = json.loads(out.read_text())
+    r = spawn_ranks(rank_main, args, out)
     print(f"{args.preset}, {args.ranks} ranks over {r['backend']}, {r['device']}")
     print(f"{'variant':<20} {'ms/chunk':>9} {'floor':>7} {'ratio':>6} {'exposed comm ms':>16}")
     for name, row in r["rows"].items():
