@@ -66,8 +66,10 @@ def test_tiny_session_streams_through_the_compiled_graph(tmp_path: Path) -> None
         assert stats.frames == 4 * stats.chunks and stats.chunks >= 4
 
 
-def test_tensor_parallel_session_over_gloo() -> None:
-    service = small_service(topology=TopologyConfig(name="tp2", dit_ranks=2, decoder_gpus=1))
+@pytest.mark.parametrize("layout", [{}, {"sequence_parallel": True, "tp_overlap": "ring"}],
+                         ids=["replicated", "sequence_parallel_ring"])
+def test_tensor_parallel_session_over_gloo(layout: dict[str, object]) -> None:
+    service = small_service(topology=TopologyConfig(name="tp2", dit_ranks=2, decoder_gpus=1, **layout))
     with scheduler(service, "t-tp2") as sched:
         ray.get(sched.create_session.remote(spec("tp2", service)))
         wait_chunks(sched, "tp2", 8)
