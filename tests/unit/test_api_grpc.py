@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from memory_scheduler import MemoryScheduler
 from PIL import Image
 
 from deployments.api import ApiConfig, SessionFrontend
@@ -24,7 +25,6 @@ from deployments.types import (
     SessionInfo,
     SessionSpec,
     SessionStatus,
-    UnknownSession,
 )
 
 KEY = "grpc-key-0123456789abcdef"
@@ -52,15 +52,15 @@ class Context:
         self.trailing = md
 
 
-class Scheduler:
-    """In-memory scheduler: push_audio/clear_audio/end_session append events; events() long-polls them."""
+class Scheduler(MemoryScheduler):
+    """The in-memory scheduler that also logs events: create/push_audio/clear_audio/end_session append them;
+    events() long-polls them."""
 
     def __init__(self) -> None:
-        self.infos: dict[str, SessionInfo] = {}
+        super().__init__(created=SessionStatus.STARTING)
         self.log: dict[str, list[SessionEvent]] = {}
         self.pushed: list[tuple[bytes, int, int]] = []
         self.changed = asyncio.Event()
-        self.refuse: Exception | None = None
 
     def emit(self, sid: str, kind: Any, **kw: Any) -> None:
         log = self.log.setdefault(sid, [])
@@ -69,19 +69,9 @@ class Scheduler:
         self.changed = asyncio.Event()
 
     async def create_session(self, spec: SessionSpec) -> SessionInfo:
-        if self.refuse:
-            raise self.refuse
-        self.infos[spec.session_id] = SessionInfo(spec.session_id, SessionStatus.STARTING, spec.preset)
+        info = await super().create_session(spec)
         self.emit(spec.session_id, "status", status=SessionStatus.STARTING)
-        return self.infos[spec.session_id]
-
-    async def get_session(self, session_id: str) -> SessionInfo:
-        if session_id not in self.infos:
-            raise UnknownSession(session_id)
-        return self.infos[session_id]
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        return list(self.infos.values())
+        return info
 
     async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
         info = await self.get_session(session_id)
@@ -94,7 +84,7 @@ class Scheduler:
         return Capacity(bundles_total=3, bundles_free=2, sessions_running=1, queued=0, warm_slots_free=1)
 
     async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
-        await self.get_session(session_id)
+        await super().push_audio(session_id, pcm, sample_rate, channels)
         self.pushed.append((pcm, sample_rate, channels))
         self.emit(session_id, "chunk", chunk=len(self.pushed) - 1)
 

@@ -198,7 +198,7 @@ def test_a_rank_without_communication_runs_exactly_its_share_of_the_gemms() -> N
     """The benchmarks' rank (collectives left out) must do the GEMM work of one rank of the session: every
     token through its column and row blocks, whatever the token layout. Checked against the FLOP model the
     floors use (attention and the audio embedding, not counted here, taken out of it)."""
-    from characters.flops import chunk_cost
+    from characters.flops import build_meta_dit, chunk_cost
 
     for sp in (True, False):
         counted, cfg = _forward_flops(sp)
@@ -206,7 +206,7 @@ def test_a_rank_without_communication_runs_exactly_its_share_of_the_gemms() -> N
         d, t = m.dit, m.tokens_per_chunk
         attention = d.num_layers * (4 * t * m.cache_tokens * d.dim + 4 * t * m.audio_tokens_per_latent * d.dim) // 4
         audio = sum(2 * m.generation.latent_frames_per_chunk * m.audio_tokens_per_latent * p.numel()
-                    for n, p in DiTRunner(cfg).dit.audio_embed.named_parameters() if n.endswith("weight"))
+                    for n, p in build_meta_dit(m).audio_embed.named_parameters() if n.endswith("weight"))
         expected = cost.flops_per_chunk_per_rank / cost.forwards_per_chunk - attention - audio
         assert counted == pytest.approx(expected, rel=2e-3), sp
     # sequence parallelism only moves the per-token embedding and head to this rank's rows
