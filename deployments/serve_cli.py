@@ -126,6 +126,7 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     from ray import serve
 
     from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
+    from deployments.runtime import init_local, stop_local
 
     stop = threading.Event()
     livekit: LiveKitServer | None = None
@@ -137,8 +138,6 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
                 _say(f"--livekit-dev: {e}")
                 return 2
         if address is None:
-            from deployments.runtime import init_local
-
             init_local()
         else:
             ray.init(address=address, namespace=NAMESPACE)
@@ -173,7 +172,7 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
                 serve.shutdown()
             else:
                 serve.delete(APP_NAME)
-            ray.shutdown()
+            stop_local()
         if livekit is not None:
             livekit.stop()
     return 0

@@ -112,7 +112,7 @@ def wait_slots(sched: Any, free: int, timeout_s: float = 120.0) -> list[dict[str
 def bench_cluster(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from deployments.runtime import init_local
+    from deployments.runtime import init_local, stop_local
     from deployments.scheduler import get_or_create_scheduler
     from deployments.settings import ServiceConfig
 
@@ -133,7 +133,7 @@ def bench_cluster(args: argparse.Namespace) -> dict[str, Any]:
                          "ready_s_median": statistics.median(r["ready_s"] for r in runs),
                          "warm_starts": [r["warm_start"] for r in runs], "warm_slot_build_s": builds}
     finally:
-        ray.shutdown()
+        stop_local()
     return out
 
 

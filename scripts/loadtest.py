@@ -263,7 +263,7 @@ def local_service(capacity: int, queue_max: int, model: str = "small", num_cpus:
     from ray import serve
 
     from deployments.app import APP_NAME, build_app
-    from deployments.runtime import init_local
+    from deployments.runtime import init_local, stop_local
     from deployments.types import NAMESPACE, SCHEDULER_NAME
 
     service: dict[str, Any] = {"topology": "gpu1", "queue_max": queue_max, "queue_timeout_s": 120.0,
@@ -283,7 +283,7 @@ def local_service(capacity: int, queue_max: int, model: str = "small", num_cpus:
         with suppress(ValueError, ray.exceptions.RayError):  # no scheduler was started
             ray.get(ray.get_actor(SCHEDULER_NAME, namespace=NAMESPACE).shutdown.remote(), timeout=60)
         serve.shutdown()
-        ray.shutdown()
+        stop_local()
 
 
 def table(report: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from lk_helpers import H, Viewer, W
 
 from deployments.livekit import LiveKitServer
 from deployments.livekit.config import LiveKitOutput
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
 from deployments.types import SessionSpec, SessionStatus
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.livekit, pytest.mark.ray]
 def cluster() -> Iterator[None]:
     init_local(num_cpus=8, num_gpus=1)
     yield
-    ray.shutdown()
+    stop_local()
 
 
 def _wait_status(sched: object, sid: str, status: SessionStatus, timeout_s: float = 120.0) -> None:

@@ -38,7 +38,7 @@ from deployments.app import APP_NAME, build_app
 from deployments.livekit import LiveKitServer
 from deployments.livekit.config import mint_token
 from deployments.livekit.server import free_port
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.telemetry.receiver import OtlpReceiver
 from deployments.types import NAMESPACE, SCHEDULER_NAME
 
@@ -93,7 +93,7 @@ def cluster(livekit_server: LiveKitServer) -> Iterator[tuple[Api, OtlpReceiver, 
                 ray.get(ray.get_actor(SCHEDULER_NAME, namespace=NAMESPACE).shutdown.remote(), timeout=60)
             finally:
                 serve.shutdown()
-                ray.shutdown()
+                stop_local()
                 for k, v in saved.items():
                     os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 

@@ -32,6 +32,7 @@ from ray import serve
 from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app
 from deployments.proto import characters_pb2 as pb
 from deployments.proto import characters_pb2_grpc as pb_grpc
+from deployments.runtime import init_local, stop_local
 from deployments.types import NAMESPACE, SCHEDULER_NAME
 
 pytestmark = pytest.mark.ray
@@ -176,8 +177,7 @@ class Server:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     os.environ["CHARACTERS_API_KEYS"] = f"tester:{KEY}"  # the replica inherits it through the raylet
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace=NAMESPACE,
-             configure_logging=False)
+    init_local(num_cpus=2, configure_logging=False)
     try:
         make_fake_scheduler(bundles=2, queue_max=1).options(name=SCHEDULER_NAME, namespace=NAMESPACE,
                                                              lifetime="detached").remote()
@@ -192,7 +192,7 @@ def server() -> Iterator[Server]:
     finally:
         os.environ.pop("CHARACTERS_API_KEYS", None)
         serve.shutdown()
-        ray.shutdown()
+        stop_local()
 
 
 def png(width: int = 64, height: int = 48, colour: tuple[int, int, int] = (200, 30, 30)) -> bytes:

@@ -27,6 +27,7 @@ from characters.media import SAMPLE_IMAGE
 from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app
 from deployments.proto import characters_pb2 as pb
 from deployments.proto import characters_pb2_grpc as pb_grpc
+from deployments.runtime import init_local, stop_local
 from deployments.types import NAMESPACE, SCHEDULER_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -58,8 +59,7 @@ class Api:
 @pytest.fixture(scope="module")
 def api() -> Iterator[Api]:
     os.environ.pop("CHARACTERS_API_KEYS", None)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace=NAMESPACE,
-             configure_logging=False)
+    init_local(num_cpus=2, configure_logging=False)
     try:
         srv = Api(http_port := free_port(), grpc_port := free_port())
         serve.start(http_options={"host": "127.0.0.1", "port": http_port},
@@ -72,7 +72,7 @@ def api() -> Iterator[Api]:
             ray.get(ray.get_actor(SCHEDULER_NAME, namespace=NAMESPACE).shutdown.remote(), timeout=30)
         finally:
             serve.shutdown()
-            ray.shutdown()
+            stop_local()
 
 
 def wait_status(api: Api, sid: str, want: str, timeout_s: float) -> dict[str, Any]:

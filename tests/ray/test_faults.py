@@ -38,7 +38,7 @@ from deploy_helpers import (
     wait_status,
 )
 
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.types import NAMESPACE, SCHEDULER_NAME, NoCapacity, SessionStatus
 from placement.names import parse_pg_name, session_actors_of
 
@@ -54,7 +54,7 @@ def cluster() -> Iterator[None]:
     init_local(num_cpus=8, num_gpus=3)
     yield
     print("\nfaults measured:", json.dumps(MEASURED, indent=1))
-    ray.shutdown()
+    stop_local()
 
 
 def pid_of(actor: Any) -> int:

@@ -24,7 +24,7 @@ import pytest
 import ray
 from deploy_helpers import info, scheduler, slots, small_service, spec, wait_chunks, wait_for, wait_status
 
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.types import SessionStatus
 
 pytestmark = pytest.mark.ray
@@ -38,7 +38,7 @@ WORKER_SLOPE_MB = 0.5  # RSS growth per session over the second half: a leak sho
 def cluster() -> Iterator[None]:
     init_local(num_cpus=8, num_gpus=2, dashboard=True)
     yield
-    ray.shutdown()
+    stop_local()
 
 
 def alive_actors() -> Counter[str]:

@@ -45,7 +45,7 @@ from characters.media import read_mp4
 from characters.train.data import Clip, load_split, reference_image
 from characters.train.evaluate import generate
 from characters.train.lipsync import LipSync, lipsync_score
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionSpec, SessionStatus
 
@@ -147,7 +147,7 @@ def in_process(engine: CharacterEngine, i: int, idle: int, chunks: int) -> Take:
 def cluster() -> Iterator[None]:
     init_local(num_cpus=4)
     yield
-    ray.shutdown()
+    stop_local()
 
 
 @pytest.fixture(scope="module")

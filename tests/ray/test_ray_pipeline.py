@@ -27,7 +27,7 @@ from deploy_helpers import (
 
 from characters.config import TopologyConfig
 from characters.media import read_mp4
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionStatus
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.ray
 def cluster() -> Iterator[None]:
     init_local(num_cpus=8, num_gpus=3)
     yield
-    ray.shutdown()
+    stop_local()
 
 
 def test_tiny_session_streams_through_the_compiled_graph(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from deploy_helpers import (
     wait_status,
 )
 
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.types import NoCapacity, SessionStatus, UnknownSession
 
 pytestmark = pytest.mark.ray
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.ray
 def cluster() -> Iterator[None]:
     init_local(num_cpus=8, num_gpus=2, dashboard=True)
     yield
-    ray.shutdown()
+    stop_local()
 
 
 def test_two_run_third_queues_then_takes_the_returned_slot() -> None:

@@ -27,6 +27,7 @@ from ray import serve
 
 from characters.media import SAMPLE_IMAGE
 from deployments.app import APP_NAME, build_app
+from deployments.runtime import init_local, stop_local
 from deployments.telemetry import names as N
 from deployments.telemetry.receiver import OtlpReceiver, ReceivedSpan, tree
 from deployments.types import NAMESPACE, SCHEDULER_NAME
@@ -66,8 +67,7 @@ def cluster() -> Iterator[Cluster]:
     saved = {k: os.environ.get(k) for k in [*ENV, "OTEL_EXPORTER_OTLP_ENDPOINT"]}
     with OtlpReceiver(http=False) as rx:
         os.environ.update(ENV, OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint)  # inherited through the raylet
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace=NAMESPACE,
-                 configure_logging=False, _metrics_export_port=(metrics_port := free_port()))
+        init_local(num_cpus=2, configure_logging=False, _metrics_export_port=(metrics_port := free_port()))
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": (port := free_port())})
             serve.run(build_app({"service": {"queue_max": 0, "model_overrides": MODEL}}), name=APP_NAME,
@@ -78,7 +78,7 @@ def cluster() -> Iterator[Cluster]:
                 ray.get(ray.get_actor(SCHEDULER_NAME, namespace=NAMESPACE).shutdown.remote(), timeout=60)
             finally:
                 serve.shutdown()
-                ray.shutdown()
+                stop_local()
                 for k, v in saved.items():
                     os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 

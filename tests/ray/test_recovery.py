@@ -19,7 +19,7 @@ import pytest
 import ray
 from deploy_helpers import all_events, info, pg_state, scheduler, slots, small_service, spec, wait_chunks, wait_for
 
-from deployments.runtime import init_local
+from deployments.runtime import init_local, stop_local
 from deployments.types import NAMESPACE, SessionStatus
 from placement.names import session_actors_of
 
@@ -33,7 +33,7 @@ def cluster() -> Iterator[None]:
     init_local(num_cpus=8, num_gpus=3)
     yield
     print("\nrecovery measured:", json.dumps(MEASURED, indent=1))
-    ray.shutdown()
+    stop_local()
 
 
 def pid_of(actor: Any) -> int:
