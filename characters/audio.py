@@ -27,9 +27,8 @@ import io
 import math
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import av
 import numpy as np
 import torch
 from torch import nn
@@ -37,6 +36,9 @@ from torch.nn import functional as F
 
 from characters.config import AudioConfig
 from characters.media import MediaError
+
+if TYPE_CHECKING:
+    import av  # PyAV is imported where audio is decoded or resampled: the chunk path needs neither
 
 SAMPLE_AUDIO = Path(__file__).parent / "assets" / "sample_speech.wav"
 
@@ -239,6 +241,8 @@ class PcmConverter:
             raise ValueError(f"sample_rate={sample_rate} and channels={channels} must both be >= 1")
         self.sample_rate, self.channels = sample_rate, channels
         self._passthrough = sample_rate == SAMPLE_RATE
+        import av
+
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
         self._pts = 0
 
@@ -251,6 +255,8 @@ class PcmConverter:
         mono = flat.reshape(-1, self.channels).mean(axis=1, dtype=np.float32)  # (n,) channel average
         if self._passthrough:
             return np.clip(mono, -1.0, 1.0)
+        import av
+
         frame = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
         frame.sample_rate = self.sample_rate
         frame.pts, frame.time_base = self._pts, Fraction(1, self.sample_rate)
@@ -290,6 +296,8 @@ def pcm16_to_float(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndar
 
 def load_audio(source: str | Path | bytes, max_seconds: float = 3600.0) -> np.ndarray:
     """Decode any audio PyAV reads to float32 mono 16 kHz by the rules in the module docstring."""
+    import av
+
     what = f"<{len(source)} bytes>" if isinstance(source, bytes) else str(source)
     fp: Any = io.BytesIO(source) if isinstance(source, bytes) else str(source)
     limit = int(max_seconds * SAMPLE_RATE)

@@ -23,11 +23,13 @@ import io
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import av
 import numpy as np
 from PIL import Image, ImageOps
+
+if TYPE_CHECKING:
+    import av  # PyAV is imported where media is encoded or decoded: the chunk path itself needs none
 
 SAMPLE_IMAGE = Path(__file__).parent / "assets" / "sample_face.png"
 
@@ -119,6 +121,8 @@ def load_image(source: str | Path | bytes, height: int, width: int, max_pixels: 
 
 def h264_encoder() -> str:
     """The first H.264 encoder this PyAV build has, in order of preference."""
+    import av
+
     for name in H264_ENCODERS:
         try:
             av.codec.Codec(name, "w")
@@ -135,6 +139,8 @@ class Mp4Writer:
     """
 
     def __init__(self, path: str | Path, width: int, height: int, fps: int = 24, sample_rate: int = 16000) -> None:
+        import av
+
         if width % 2 or height % 2:
             raise ValueError(f"video size {width}x{height} must be even in both sides for yuv420p; crop one pixel")
         self.path = Path(path)
@@ -170,6 +176,8 @@ class Mp4Writer:
 
     def write_frames(self, frames: np.ndarray) -> None:
         """Append `(F, H, W, 3)` uint8 RGB frames."""
+        import av
+
         self._check_open()
         want = (self.height, self.width, 3)
         if frames.ndim != 4 or frames.shape[1:] != want or frames.dtype != np.uint8:
@@ -183,6 +191,8 @@ class Mp4Writer:
 
     def write_audio(self, pcm: np.ndarray) -> None:
         """Append float32 mono PCM at `sample_rate` (values are clipped to [-1, 1])."""
+        import av
+
         self._check_open()
         if pcm.ndim != 1:
             raise ValueError(f"audio must be mono 1-D float32 PCM, got shape {pcm.shape}")
@@ -242,6 +252,8 @@ def read_mp4(path: str | Path) -> tuple[np.ndarray, float, np.ndarray, int]:
 
     A file without audio gives an empty audio array and sample rate 0.
     """
+    import av
+
     with av.open(str(path)) as container:
         video = container.streams.video[0]
         fps = float(video.average_rate or video.guessed_rate or 0)

@@ -179,6 +179,12 @@ class Outcome:
     resume: Resume | None = None  # a recoverable failure of a `recover` session: where to resume
 
 
+def paced(pacing: str, output_kind: str) -> bool:
+    """Does the session's loop keep real time? Always for a LiveKit room (viewers play it as it comes);
+    otherwise as the service's `pacing` says ("unpaced": back to back, for benchmarks and file renders)."""
+    return pacing == "realtime" or output_kind == "livekit"
+
+
 class SessionRunner:
     """The chunk loop of one started session, its status, events and stats. Runs in one thread
     (`run`); `stop`, `report` and the audio buffer are safe to use from others."""
@@ -187,10 +193,11 @@ class SessionRunner:
                  fetch_timeout_s: float, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None,
                  on_chunk: Callable[[ChunkReport, float], None] | None = None,
-                 history: History | None = None, resume: Resume | None = None) -> None:
+                 history: History | None = None, resume: Resume | None = None, paced: bool = True) -> None:
         g = cfg.model.generation
         self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
+        self.paced = paced  # False: chunks back to back (ServiceConfig.pacing "unpaced")
         self.clock, self.wall = clock, wall
         self.audio = audio or AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
         self.stats = SessionStats()
@@ -264,7 +271,7 @@ class SessionRunner:
                 self.status(SessionStatus.READY, " ".join(f"{k}={v:.3f}" for k, v in self.phases.items()))
             result = run_chunk_loop(
                 pipeline, session_id=self.session_id, audio=self._take, first_chunk=self.first_chunk,
-                chunk_s=self.chunk_s, depth=self.depth,
+                chunk_s=self.chunk_s if self.paced else 0.0, depth=self.depth,
                 max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
                 wait=self._stopped.wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report)
             self.loop_ended_at = self.clock()
@@ -401,7 +408,8 @@ class SessionActor:
                                     depth=self.service.pipeline_depth, fetch_timeout_s=self.service.chunk_timeout_s,
                                     on_chunk=self._on_chunk if self.trace is not None else None,
                                     history=History(self.cfg.model.generation.ring_slots) if spec.recover else None,
-                                    resume=resume)
+                                    resume=resume,
+                                    paced=paced(self.service.pacing, spec.output.kind))
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         self._task = asyncio.get_running_loop().create_task(self._run(self.runner))

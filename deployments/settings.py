@@ -247,6 +247,9 @@ class ServiceConfig(BaseModel):
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Chunks in flight: 2 lets the DiT make chunk k+1 while k is decoded."
     )
+    pacing: Literal["realtime", "unpaced"] = Field(
+        default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
+        "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")
     output_dir: str = Field(default="out/sessions", description="Directory of 'file' outputs (relative paths).")
     placement_timeout_s: float = Field(default=30.0, gt=0, description="Wait for a placement group, then remove it.")
     worker_timeout_s: float = Field(default=600.0, gt=0, description="Wait for one worker stage before failing.")

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install carried wheels, run the GPU tests, then the benchmarks.
-# Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|all]
+# Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|profile|pipeline|all]
+# Carry .whl_pipeline (scripts/device_wheels.sh: Ray and the chunk path's other needs, 43 MB) or an older .whl.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-benchmarks}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+wheels=$( [ -d .whl_pipeline ] && echo .whl_pipeline || echo .whl )
+if [ -d "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -40,4 +42,26 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
     --out "$OUT/profile_57b_h100x5.json"
   python3 scripts/bench_decoder.py --preset 57b --device cuda --iters 15 --variants windows_graph_bench --profile \
     --out "$OUT/decoder_57b_profile.json"
+fi
+if [ "$what" = pipeline ]; then  # whole sessions on Ray: compiled graph, NCCL latents to a decoder GPU of its own
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  run() { python3 scripts/bench_pipeline.py --device cuda --seconds 30 "$@"; }
+  if [ "$gpus" -ge 2 ]; then
+    run --preset wan-1.3b --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_wan-1.3b_1+1.json"
+  fi
+  if [ "$gpus" -ge 3 ]; then
+    run --preset 57b --dit-ranks 2 --decoder-gpus 1 --layouts replicated,sp_none \
+      --out "$OUT/pipeline_57b_2+1.json"
+  fi
+  if [ "$gpus" -ge 4 ]; then
+    run --preset 57b --dit-ranks 3 --decoder-gpus 1 --layouts replicated,sp_none,sp_symm_mem \
+      --out "$OUT/pipeline_57b_3+1.json"
+  fi
+  if [ "$gpus" -ge 5 ]; then
+    run --preset 57b --dit-ranks 4 --decoder-gpus 1 --layouts replicated,sp_none,sp_symm_mem \
+      --depths 2,1 --out "$OUT/pipeline_57b_4+1.json"
+  fi
+  if [ "$gpus" -ge 8 ]; then
+    run --preset 57b --dit-ranks 3 --decoder-gpus 1 --sessions 2 --out "$OUT/pipeline_57b_3+1_x2.json"
+  fi
 fi

@@ -10,10 +10,29 @@ avatar protocol, plus the Runway-compatible API's request shapes and a local ser
     LiveKitServer     a local livekit-server (tests, benchmarks, development)
 """
 
-from deployments.livekit.config import LiveKitConfigError, LiveKitOutput, MediaFormat, mint_token
-from deployments.livekit.room import AgentAudioHandler, LiveKitRoom, RoomError, RoomStats
-from deployments.livekit.server import LiveKitServer, install_server
-from deployments.livekit.sink import LiveKitSink
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deployments.livekit.config import LiveKitConfigError, LiveKitOutput, MediaFormat, mint_token
+    from deployments.livekit.room import AgentAudioHandler, LiveKitRoom, RoomError, RoomStats
+    from deployments.livekit.server import LiveKitServer, install_server
+    from deployments.livekit.sink import LiveKitSink
+
+# Loaded on first use (PEP 562): the chunk path reads only `config`, and must not pull in LiveKit's
+# native client (`livekit.rtc`) with it, e.g. on a GPU host that runs sessions with other outputs.
+_WHERE = {"LiveKitConfigError": "config", "LiveKitOutput": "config", "MediaFormat": "config", "mint_token": "config",
+          "AgentAudioHandler": "room", "LiveKitRoom": "room", "RoomError": "room", "RoomStats": "room",
+          "LiveKitServer": "server", "install_server": "server", "LiveKitSink": "sink"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+
 
 __all__ = [
     "AgentAudioHandler",

@@ -12,7 +12,7 @@ import pytest
 from characters.audio import chunk_sample_range
 from characters.config import session_config
 from deployments.pipeline import ChunkFailure, run_chunk_loop
-from deployments.session import AudioBuffer, SessionRunner
+from deployments.session import AudioBuffer, SessionRunner, paced
 from deployments.types import SessionStatus
 from deployments.workers import ChunkInput, ChunkReport, PlayoutMeter
 
@@ -123,9 +123,10 @@ def test_loop_reports_the_first_failure() -> None:
     assert reason == "actor_died" and reports == [0, 1, 2]
 
 
-def runner(clock: VirtualClock, max_s: float = 1.0) -> SessionRunner:
+def runner(clock: VirtualClock, max_s: float = 1.0, paced: bool = True) -> SessionRunner:
     cfg = session_config("tiny", "cpu")
-    r = SessionRunner("s", cfg, max_duration_s=max_s, depth=2, fetch_timeout_s=1.0, clock=clock, wall=clock)
+    r = SessionRunner("s", cfg, max_duration_s=max_s, depth=2, fetch_timeout_s=1.0, clock=clock, wall=clock,
+                      paced=paced)
     r._stopped.wait = clock.sleep  # type: ignore[method-assign]  # virtual time
     return r
 
@@ -150,6 +151,22 @@ def test_runner_lifecycle_events_and_stats() -> None:
     assert (s.chunks, s.frames, s.late_chunks) == (6, 24, 0)
     assert s.step_ms_p50 == pytest.approx(50.0)
     assert r.report().events == []  # a report hands each event out once
+
+
+def test_unpaced_runner_submits_back_to_back_at_the_pipelines_speed() -> None:
+    clock = VirtualClock()
+    r = runner(clock, paced=False)  # ServiceConfig.pacing "unpaced": benchmarks and file renders
+    pipe = FakePipeline(clock, latency_s=0.05)
+    outcome = r.run(lambda: pipe)
+    assert (outcome.status, outcome.reason) == (SessionStatus.ENDED, "max_duration")
+    # the fake's chunks take 50 ms each, two in flight: 40 in the second (paced: 6, one per 166.7 ms)
+    assert [i.chunk for i in pipe.submitted] == list(range(40))
+    assert max(np.diff(pipe.fetch_times)) == pytest.approx(0.05)
+
+
+def test_only_non_livekit_outputs_may_run_unpaced() -> None:
+    assert [paced("unpaced", k) for k in ("null", "file", "livekit")] == [False, False, True]
+    assert all(paced("realtime", k) for k in ("null", "file", "livekit"))
 
 
 def test_runner_failure_marks_the_slot_unhealthy() -> None:
