@@ -179,7 +179,7 @@ class Outcome:
     resume: Resume | None = None  # a recoverable failure of a `recover` session: where to resume
 
 
-def paced(pacing: str, output_kind: str) -> bool:
+def keeps_real_time(pacing: str, output_kind: str) -> bool:
     """Does the session's loop keep real time? Always for a LiveKit room (viewers play it as it comes);
     otherwise as the service's `pacing` says ("unpaced": back to back, for benchmarks and file renders)."""
     return pacing == "realtime" or output_kind == "livekit"
@@ -409,7 +409,7 @@ class SessionActor:
                                     on_chunk=self._on_chunk if self.trace is not None else None,
                                     history=History(self.cfg.model.generation.ring_slots) if spec.recover else None,
                                     resume=resume,
-                                    paced=paced(self.service.pacing, spec.output.kind))
+                                    paced=keeps_real_time(self.service.pacing, spec.output.kind))
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         self._task = asyncio.get_running_loop().create_task(self._run(self.runner))

@@ -12,7 +12,7 @@ import pytest
 from characters.audio import chunk_sample_range
 from characters.config import session_config
 from deployments.pipeline import ChunkFailure, run_chunk_loop
-from deployments.session import AudioBuffer, SessionRunner, paced
+from deployments.session import AudioBuffer, SessionRunner, keeps_real_time
 from deployments.types import SessionStatus
 from deployments.workers import ChunkInput, ChunkReport, PlayoutMeter
 
@@ -165,8 +165,8 @@ def test_unpaced_runner_submits_back_to_back_at_the_pipelines_speed() -> None:
 
 
 def test_only_non_livekit_outputs_may_run_unpaced() -> None:
-    assert [paced("unpaced", k) for k in ("null", "file", "livekit")] == [False, False, True]
-    assert all(paced("realtime", k) for k in ("null", "file", "livekit"))
+    assert [keeps_real_time("unpaced", k) for k in ("null", "file", "livekit")] == [False, False, True]
+    assert all(keeps_real_time("realtime", k) for k in ("null", "file", "livekit"))
 
 
 def test_runner_failure_marks_the_slot_unhealthy() -> None:
