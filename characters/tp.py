@@ -8,7 +8,7 @@ Every linear layer that tensor parallelism splits is a `ParallelLinear` that kno
 - ``row``: input features are split; partial outputs are summed across ranks; rank 0 alone adds
   the bias (in its GEMM), so the sum carries it once (output projections, the MLP's second layer).
 
-Sequence parallelism (Megatron-style, on by default with more than one rank): between a row layer
+Sequence parallelism (Megatron-style; `topology.sequence_parallel`, off by default): between a row layer
 and the next column layer the residual stream is split by tokens, so each rank runs the norms,
 modulation and residual adds on its own ceil(T/n) rows. Column layers that read the residual
 stream (``sequence=True``) all-gather their input's tokens first; row layers reduce-scatter their
@@ -286,7 +286,7 @@ class ParallelLinear(nn.Linear):
 
 def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = None, *,
                           rank: int | None = None, size: int | None = None, communicate: bool = True,
-                          sequence_parallel: bool = True, overlap: Overlap = "none") -> nn.Module:
+                          sequence_parallel: bool = False, overlap: Overlap = "none") -> nn.Module:
     """Split `model` in place for tensor-parallel rank `rank` of `size` (default: from `group`).
 
     Modules with a `num_heads` attribute have it divided by `size`. With `sequence_parallel`, one
@@ -320,6 +320,9 @@ def set_overlap(model: nn.Module, overlap: Overlap) -> None:
     """Switch a sequence-parallel model's collectives at run time (recapture CUDA graphs afterwards)."""
     if overlap not in OVERLAPS:
         raise ValueError(f"tp overlap={overlap!r} is unknown; expected one of {list(OVERLAPS)}")
-    for module in model.modules():
-        if isinstance(module, ParallelLinear) and module.shards is not None:
-            module.shards.overlap = overlap
+    shards = {id(m.shards): m.shards for m in model.modules() if isinstance(m, ParallelLinear) and m.shards}
+    if not shards:
+        raise ValueError(f"tp overlap={overlap!r} applies to sequence-parallel collectives, and this model has none "
+                         "(one rank, or every token on every rank): set topology.sequence_parallel first")
+    for token_shards in shards.values():
+        token_shards.overlap = overlap

@@ -167,6 +167,15 @@ def test_unknown_overlap_is_refused() -> None:
         TokenShards(0, 2, None, overlap="fused")  # type: ignore[arg-type]
 
 
+def test_switching_the_overlap_needs_sequence_parallel_collectives() -> None:
+    replicated = DiTRunner(_cfg_for(4, sequence_parallel=False), rank=1, ranks=4, communicate=False)
+    with pytest.raises(ValueError, match="tp overlap='ring' applies to sequence-parallel collectives"):
+        replicated.set_tp_overlap("ring")
+    split = DiTRunner(_cfg_for(4), rank=1, ranks=4, communicate=False)
+    split.set_tp_overlap("ring")
+    assert split.dit.shards is not None and split.dit.shards.overlap == "ring"
+
+
 def test_symm_mem_overlap_on_cpu_is_refused_with_the_alternatives() -> None:
     shards = TokenShards(0, 2, None, overlap="symm_mem")
     shards.begin(10)
