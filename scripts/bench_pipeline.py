@@ -12,12 +12,13 @@ placement group of `dit_ranks + decoder_gpus` GPU bundles, starts one session pe
 output, silence), lets them run `--seconds`, and ends them. Nothing of the serving path is bypassed:
 the chunk loop is the session actor's, over the slot's compiled graph (NCCL latents to a decoder GPU of
 its own, shared memory otherwise). `--pacing unpaced` (the default here; `ServiceConfig.pacing`) submits
-chunks back to back, so the interval between published chunks is the pipeline's time per chunk even
+chunks back to back, so the interval between chunks is the pipeline's time per chunk even
 where it is faster than real time; `realtime` is what a LiveKit viewer gets (a chunk per 166.7 ms at
 most).
 
 Per session (steady state: the first `--skip` chunks dropped):
-- `ms_per_chunk`: median interval between consecutive published chunks (the room's clock); `fps`;
+- `ms_per_chunk`: median interval between consecutive chunks' reports reaching the session's loop (its wall
+  clock; each report comes back once the room has published the chunk); `fps`;
 - `stage_ms`: p50 of each chunk stage the workers time (CUDA events on GPUs, host clocks on CPUs):
   `dit` (the DiT step, its all-reduces inside), `handoff` (DiT rank 0's latents -> the decoder),
   `decode`, `publish`; with `depth` 2 the DiT makes chunk k+1 while the decoder decodes chunk k, so
@@ -100,7 +101,7 @@ def held_gpus(actor: Any) -> list[str]:
 
 
 def published(events: list[Any], skip: int) -> list[float]:
-    """Publish times (wall clock) of the session's chunks, in chunk order, the first `skip` dropped."""
+    """When each chunk's report reached the session's loop (wall clock), in chunk order, the first `skip` dropped."""
     at = sorted((e.chunk, e.at) for e in events if e.kind == "chunk" and e.chunk is not None)
     return [t for k, t in at if k >= skip]
 
