@@ -16,6 +16,10 @@ chunks back to back, so the interval between chunks is the pipeline's time per c
 where it is faster than real time; `realtime` is what a LiveKit viewer gets (a chunk per 166.7 ms at
 most).
 
+`--layers N` builds N DiT blocks instead of the preset's: on a machine with fewer GPUs than a topology needs,
+`--layers ceil(L/R) --dit-ranks 1` gives one rank the FLOPs of one rank of R (its share of every block's
+GEMMs and heads is the same work as ceil(L/R) whole blocks), without the R-rank collectives.
+
 Per session (steady state: the first `--skip` chunks dropped):
 - `ms_per_chunk`: median interval between consecutive chunks' reports reaching the session's loop (its wall
   clock; each report comes back once the room has published the chunk); `fps`;
@@ -56,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--small", action="store_true", help="the tiny preset cut down (1 block, 64x96): CPU smoke runs")
+    p.add_argument("--layers", type=int, default=None,
+                   help="DiT blocks to build (default: the preset's). On fewer GPUs than a topology needs, "
+                        "ceil(layers / N) blocks on one rank do the FLOPs of one rank of N, without its collectives")
     p.add_argument("--dit-ranks", type=int, default=1)
     p.add_argument("--decoder-gpus", type=int, default=1, choices=(0, 1),
                    help="1: the decoder on a GPU of its own (NCCL handoff); 0: it shares DiT rank 0's GPU")
@@ -73,8 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [v for v in args.layouts.split(",") if v not in LAYOUTS]
     if unknown:
         p.error(f"--layouts: unknown {unknown}; choose from {sorted(LAYOUTS)}")
-    if args.dit_ranks < 1 or args.sessions < 1:
-        p.error("--dit-ranks and --sessions must be >= 1")
+    if args.dit_ranks < 1 or args.sessions < 1 or (args.layers is not None and args.layers < 1):
+        p.error("--dit-ranks, --sessions and --layers must be >= 1")
     return args
 
 
@@ -88,9 +95,16 @@ def service_for(args: argparse.Namespace, layout: str, depth: int) -> Any:
 
     name = f"{args.dit_ranks}+{args.decoder_gpus}"
     topo = TopologyConfig(name=name, dit_ranks=args.dit_ranks, decoder_gpus=args.decoder_gpus, **LAYOUTS[layout])
-    return ServiceConfig(preset=args.preset, topology=topo, model_overrides=SMALL if args.small else {},
+    return ServiceConfig(preset=args.preset, topology=topo, model_overrides=model_overrides(args),
                          use_gpus=True, queue_max=0, pipeline_depth=depth, weights="random", pacing=args.pacing,
                          placement_timeout_s=120.0, worker_timeout_s=args.start_timeout, chunk_timeout_s=120.0)
+
+
+def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    over: dict[str, Any] = {k: dict(v) for k, v in SMALL.items()} if args.small else {}
+    if args.layers is not None:
+        over.setdefault("dit", {})["num_layers"] = args.layers
+    return over
 
 
 def held_gpus(actor: Any) -> list[str]:
@@ -198,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             for depth in (int(d) for d in args.depths.split(",")):
                 results.append(run_variant(args, layout, depth))
                 print(json.dumps(results[-1]), flush=True)
-        out = {"bench": "pipeline", "preset": args.preset, "small": args.small,
+        out = {"bench": "pipeline", "preset": args.preset, "small": args.small, "layers": args.layers,
                "topology": f"{args.dit_ranks}+{args.decoder_gpus}", "sessions": args.sessions,
                "seconds": args.seconds, "skip": args.skip, "pacing": args.pacing, "device": args.device,
-               "argv": sys.argv,               "environment": environment(args.device), "variants": results}
+               "argv": sys.argv, "environment": environment(args.device), "variants": results}
     finally:
         stop_local()
     print(f"\n{'layout':<12} {'depth':>5} {'session':>7} {'ms/chunk':>9} {'fps':>6} {'dit':>8} {'handoff':>8} "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install carried wheels, run the GPU tests, then the benchmarks.
 # Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|profile|pipeline|all]
+#   or `source scripts/gpu_session.sh setup` to install the wheels and set the environment for commands of your own.
 # Carry .whl_pipeline (scripts/device_wheels.sh: Ray and the chunk path's other needs, 43 MB) or an older .whl.
 set -uo pipefail
 what=${1:-all}
@@ -11,7 +12,8 @@ if [ -d "$wheels" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 fi
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# NVLink multicast stays off (the device README): Ray's workers inherit this environment from the driver.
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "$what" = tests ] || [ "$what" = all ]; then
@@ -45,9 +47,19 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
 fi
 if [ "$what" = pipeline ]; then  # whole sessions on Ray: compiled graph, NCCL latents to a decoder GPU of its own
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-  run() { python3 scripts/bench_pipeline.py --device cuda --seconds 30 "$@"; }
+  run() {  # the full log under $OUT, the summary table on the terminal
+    local log="$OUT/$(basename "${@: -1}" .json).log"
+    timeout "${PIPELINE_TIMEOUT:-560}" python3 scripts/bench_pipeline.py --device cuda --seconds "${PIPELINE_SECONDS:-20}" \
+      "$@" > "$log" 2>&1
+    echo "== $* (rc=$?)"; grep -A12 "^layout " "$log" || tail -30 "$log"
+  }
   if [ "$gpus" -ge 2 ]; then
     run --preset wan-1.3b --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_wan-1.3b_1+1.json"
+    # One rank's share of 57b TP4 (15 of 58 blocks: its FLOPs, not its collectives) + the decoder on its own GPU.
+    run --preset 57b --layers 15 --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_57b_L15_1+1.json"
+  fi
+  if [ "$gpus" -eq 2 ]; then  # 57b TP2, the decoder beside DiT rank 0 (shared memory)
+    run --preset 57b --dit-ranks 2 --decoder-gpus 0 --depths 2 --out "$OUT/pipeline_57b_2+0.json"
   fi
   if [ "$gpus" -ge 3 ]; then
     run --preset 57b --dit-ranks 2 --decoder-gpus 1 --layouts replicated,sp_none \

@@ -44,3 +44,14 @@ def test_more_gpus_than_the_machine_has_is_refused_before_starting_ray(capsys: p
     rc = bench_pipeline.main(["--device", "cuda", "--dit-ranks", "4", "--decoder-gpus", "1", "--sessions", "2"])
     assert rc == 2
     assert "needs 10 GPUs" in capsys.readouterr().err
+
+
+def test_layers_override_builds_that_many_blocks_and_keeps_the_small_cut() -> None:
+    args = bench_pipeline.parse_args(["--small", "--layers", "3", "--dit-ranks", "2"])
+    model = bench_pipeline.service_for(args, "sp_ring", 1).session_config().model
+    assert model.dit.num_layers == 3
+    assert (model.generation.height, model.generation.width, model.vae.num_res_blocks) == (64, 96, 0)
+    assert bench_pipeline.SMALL["dit"] == {"num_layers": 1}  # the shared cut is not mutated
+    full = bench_pipeline.service_for(bench_pipeline.parse_args(["--preset", "57b", "--layers", "15"]), "replicated", 2)
+    assert full.session_config().model.dit.num_layers == 15
+    assert full.session_config().model.dit.dim == 9216
