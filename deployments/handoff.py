@@ -48,9 +48,13 @@ class Latents:
 
 
 def pack(session_id: str, chunk: int, tensor: torch.Tensor) -> Latents:
-    """The message for `tensor`: chunk latents (1, C, Cf, h, w) or the reference latent (1, C, h, w)."""
+    """The message for `tensor`: chunk latents (1, C, Cf, h, w) or the reference latent (1, C, h, w).
+
+    The tensor is made contiguous: the NCCL channel sends its bytes, and once a process is part of a
+    compiled graph Ray serialises every tensor it returns through a byte view, which a strided tensor
+    (the GPU encoder's channels-last output) refuses."""
     dtype = str(tensor.dtype).removeprefix("torch.")
-    return Latents(LatentHeader(session_id, chunk, tuple(tensor.shape), dtype), tensor)
+    return Latents(LatentHeader(session_id, chunk, tuple(tensor.shape), dtype), tensor.contiguous())
 
 
 def unpack(message: Latents, *, session_id: str, chunk: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:

@@ -54,26 +54,26 @@ if [ "$what" = pipeline ]; then  # whole sessions on Ray: compiled graph, NCCL l
     echo "== $* (rc=$?)"; grep -A12 "^layout " "$log" || tail -30 "$log"
   }
   if [ "$gpus" -ge 2 ]; then
-    run --preset wan-1.3b --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_wan-1.3b_1+1.json"
+    run --preset wan-1.3b --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_wan-1.3b_1p1.json"
     # One rank's share of 57b TP4 (15 of 58 blocks: its FLOPs, not its collectives) + the decoder on its own GPU.
-    run --preset 57b --layers 15 --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_57b_L15_1+1.json"
+    run --preset 57b --layers 15 --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_57b_L15_1p1.json"
   fi
   if [ "$gpus" -eq 2 ]; then  # 57b TP2, the decoder beside DiT rank 0 (shared memory)
-    run --preset 57b --dit-ranks 2 --decoder-gpus 0 --depths 2 --out "$OUT/pipeline_57b_2+0.json"
+    run --preset 57b --dit-ranks 2 --decoder-gpus 0 --depths 2 --out "$OUT/pipeline_57b_2p0.json"
   fi
   if [ "$gpus" -ge 3 ]; then
     run --preset 57b --dit-ranks 2 --decoder-gpus 1 --layouts replicated,sp_none \
-      --out "$OUT/pipeline_57b_2+1.json"
+      --out "$OUT/pipeline_57b_2p1.json"
   fi
   if [ "$gpus" -ge 4 ]; then
     run --preset 57b --dit-ranks 3 --decoder-gpus 1 --layouts replicated,sp_none,sp_symm_mem \
-      --out "$OUT/pipeline_57b_3+1.json"
+      --out "$OUT/pipeline_57b_3p1.json"
   fi
   if [ "$gpus" -ge 5 ]; then
     run --preset 57b --dit-ranks 4 --decoder-gpus 1 --layouts replicated,sp_none,sp_symm_mem \
-      --depths 2,1 --out "$OUT/pipeline_57b_4+1.json"
+      --depths 2,1 --out "$OUT/pipeline_57b_4p1.json"
   fi
   if [ "$gpus" -ge 8 ]; then
-    run --preset 57b --dit-ranks 3 --decoder-gpus 1 --sessions 2 --out "$OUT/pipeline_57b_3+1_x2.json"
+    run --preset 57b --dit-ranks 3 --decoder-gpus 1 --sessions 2 --out "$OUT/pipeline_57b_3p1_x2.json"
   fi
 fi

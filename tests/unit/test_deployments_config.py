@@ -64,6 +64,22 @@ def test_handoff_checks_the_header() -> None:
     assert unpack(ref, session_id="s", chunk=REFERENCE).shape == (1, 8, 8, 12)
 
 
+def test_handoff_sends_contiguous_bytes_whatever_the_sender_layout() -> None:
+    """A channels-last reference latent (the GPU encoder's layout) must survive Ray's compiled-graph tensor
+    serialiser, which views the tensor as bytes (it failed on the H200: stride(-1) must be 1)."""
+    from ray.experimental.channel.serialization_context import _SerializationContext
+    from ray.experimental.util.types import Device
+
+    z = torch.randn(1, 16, 8, 12).to(memory_format=torch.channels_last)  # stride(-1) == 16
+    with pytest.raises(RuntimeError, match="stride"):
+        _SerializationContext().serialize_to_numpy_or_scalar(z)
+    msg = pack("s", REFERENCE, z)
+    assert msg.tensor.is_contiguous() and torch.equal(msg.tensor, z)
+    ctx = _SerializationContext()
+    back = ctx.deserialize_tensor(ctx.serialize_to_numpy_or_scalar(msg.tensor), Device.CPU)
+    assert torch.equal(back, z)
+
+
 def test_transport_follows_the_device() -> None:
     assert resolve_transport("auto", "cpu", decoder_shares_gpu=True) == "shm"
     assert resolve_transport("auto", "cpu", decoder_shares_gpu=False) == "shm"
