@@ -54,7 +54,7 @@ from deployments.recovery import History, Resume, prime, prime_windows
 from deployments.settings import ServiceConfig
 from deployments.telemetry import SessionTelemetry
 from deployments.telemetry import names as N
-from deployments.telemetry.session import handoff
+from deployments.telemetry.session import GpuHandoffs, handoff
 from deployments.types import SessionSpec, SessionStats, SessionStatus
 from deployments.workers import ChunkReport
 
@@ -137,17 +137,20 @@ class EventDraft:
 class StageWindow:
     """Median ms of each chunk stage over the last `window` chunks, from the times chunks carry
     (`ChunkReport.stages`): a stage's GPU times (CUDA events) when it has any, else its host times;
-    `handoff` is DiT end -> decoder start on the host clock."""
+    `handoff` is DiT end -> decoder start (`deployments.telemetry.session.handoff`), from GPU times on GPUs."""
 
     def __init__(self, window: int = LATENCY_WINDOW) -> None:
         self.window = window
         self._ms: dict[tuple[str, str], deque[float]] = {}  # (stage, source) -> durations
+        self._gpu_handoffs = GpuHandoffs()
 
     def add(self, stages: Sequence[StageTime], chunk: int) -> None:
         for t in stages:
             self._put(t.stage, t.source, t.duration_ns / 1e6)
         if (h := handoff({t.stage: t for t in stages if t.chunk == chunk and t.source == "host"})) is not None:
             self._put("handoff", "host", (h[1] - h[0]) / 1e6)
+        for _, a, b in self._gpu_handoffs.add(stages):
+            self._put("handoff", "cuda", (b - a) / 1e6)
 
     def p50(self) -> dict[str, float]:
         """Stage -> median ms, in pipeline order (CHUNK_STAGES)."""

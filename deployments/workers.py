@@ -336,6 +336,7 @@ class DecoderWorker:
         runner.start()
         if runner.recorder is not None:
             runner.recorder.reset()
+            runner.recorder.anchor()  # as DiT rank 0 does: the handoff compares the two GPUs' times on the host clock
         self.session_id, self.chunk = session_id, 0
 
     def decode(self, latents: Latents, *acks: Ack) -> Frames:

@@ -10,7 +10,8 @@ Trace anatomy (one trace per session; docs/operations.md has a captured example)
     ├── chunk (k)                         submitted -> published; sampled, see below
     │   ├── chunk.dit                     DiT rank 0 step (host timer on CPU, CUDA events on GPU)
     │   │   └── chunk.cache_write         the extra cache-update pass (when the preset has one)
-    │   ├── chunk.handoff                 DiT done -> decoder starts (latent transfer and queueing)
+    │   ├── chunk.handoff                 DiT done -> decoder starts (latent transfer and queueing; GPU
+│   │                                 times on GPUs, see `handoff`)
     │   ├── chunk.decode                  VAE decode (host timer on CPU, CUDA events on GPU)
     │   └── chunk.publish                 room: playout bookkeeping and sink write
     └── session.end                       loop stopped -> output closed; summary attributes
@@ -32,7 +33,7 @@ chunks have passed (its host times are used then).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +88,43 @@ def pick(times: list[StageTime], chunk: int, source: str) -> dict[str, StageTime
     return {t.stage: t for t in times if t.chunk == chunk and t.source == source}
 
 
-def handoff(host: Mapping[str, StageTime]) -> tuple[int, int] | None:
-    """DiT end -> decoder start on the node's clock (host times), when both are known."""
-    dit, dec = host.get("dit"), host.get("decode")
+def handoff(times: Mapping[str, StageTime]) -> tuple[int, int] | None:
+    """DiT end -> decoder start on the node's clock, when both are known, from times of one source.
+
+    Host times: the DiT worker's call returning -> the decoder's call starting. On GPUs the DiT call returns
+    once its work is queued, so that span also holds the DiT's GPU time still to run; the GPU times (CUDA
+    events, each recorder anchored to the host clock at session start) give the handoff itself: DiT rank 0's
+    last kernel done -> the decoder's first kernel starting (latent transfer, Ray's scheduling, queueing)."""
+    dit, dec = times.get("dit"), times.get("decode")
     if dit is None or dec is None:
         return None
     return dit.end_ns, max(dit.end_ns, dec.start_ns)
+
+
+class GpuHandoffs:
+    """Pairs chunk k's DiT end and decode start from CUDA times as they arrive (a chunk or more later, not
+    always in one report); keeps the last `keep` chunks' unpaired halves."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._half: dict[int, dict[str, StageTime]] = {}
+
+    def add(self, stages: Sequence[StageTime]) -> list[tuple[int, int, int]]:
+        """(chunk, start ns, end ns) of each handoff completed by `stages`."""
+        out = []
+        for t in stages:
+            if t.source != "cuda" or t.stage not in ("dit", "decode"):
+                continue
+            half = self._half.setdefault(t.chunk, {})
+            half[t.stage] = t
+            if (h := handoff(half)) is not None:
+                out.append((t.chunk, *h))
+                del self._half[t.chunk]
+        if self._half:
+            newest = max(self._half)
+            for k in [k for k in self._half if k <= newest - self.keep]:
+                del self._half[k]
+        return out
 
 
 class SessionTelemetry:
@@ -109,6 +141,7 @@ class SessionTelemetry:
         self._start: Span | None = None
         self._pending: dict[int, _Pending] = {}
         self._m = {s.name: tel.instrument(s) for s in N.METRICS}
+        self._gpu_handoffs = GpuHandoffs()
         if tel.metrics:  # the counters exist from the start (a rate of 0 is not an absent series)
             self._m[N.CHUNKS.name].record(0)
             self._m[N.LATE_CHUNKS.name].record(0)
@@ -196,6 +229,8 @@ class SessionTelemetry:
             hist.record(t.duration_ns / 1e9, {N.STAGE: t.stage, N.TIMING_SOURCE: t.source})
         if (h := handoff(host)) is not None:
             hist.record((h[1] - h[0]) / 1e9, {N.STAGE: "handoff", N.TIMING_SOURCE: "host"})
+        for _, a, b in self._gpu_handoffs.add(stages):
+            hist.record((b - a) / 1e9, {N.STAGE: "handoff", N.TIMING_SOURCE: "cuda"})
         m[N.SESSION_FPS.name].set_all({self._series: report.delivered_fps})
         m[N.SESSION_BUFFER.name].set_all({self._series: getattr(report, "buffer_s", 0.0)})
         m[N.SESSION_AV_OFFSET.name].set_all({self._series: getattr(report, "av_offset_s", 0.0)})
@@ -215,9 +250,10 @@ class SessionTelemetry:
         dit_span = self._stage(ctx, dit) if dit is not None else None
         if (cw := times.get("cache_write")) is not None:
             self._stage(context_of(dit_span) if dit_span is not None else ctx, cw)
-        if (h := handoff(p.host)) is not None:
+        source, h = ("cuda", gpu) if (gpu := handoff(p.cuda)) is not None else ("host", handoff(p.host))
+        if h is not None:
             span = self.tel.start_span(N.CHUNK_STAGE["handoff"], ctx, start_ns=h[0],
-                                       attributes={N.STAGE: "handoff", N.TIMING_SOURCE: "host"})
+                                       attributes={N.STAGE: "handoff", N.TIMING_SOURCE: source})
             span.end(end_time=h[1])
         for stage in ("decode", "publish"):
             if (t := times.get(stage)) is not None:

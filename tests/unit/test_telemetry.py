@@ -216,8 +216,13 @@ def test_gpu_times_arrive_later_and_win_over_host_times(rx: OtlpReceiver) -> Non
     chunk_ids = {s.attributes[N.CHUNK_INDEX]: s.span_id for s in spans if s.name == N.CHUNK}
     sources = {k: {s.name: s.attributes[N.TIMING_SOURCE] for s in spans if s.parent_id == chunk_ids[k]}
                for k in (0, 1)}
-    assert sources[0][N.CHUNK_STAGE["dit"]] == "cuda" and sources[0][N.CHUNK_STAGE["handoff"]] == "host"
-    assert sources[1][N.CHUNK_STAGE["dit"]] == "host"
+    # chunk 0's handoff from its GPU times: DiT end (26 ms) -> decode start (40 ms); the host times' span (30 ->
+    # 32 ms) is the DiT call returning, which on a GPU comes before its kernels are done
+    assert sources[0][N.CHUNK_STAGE["dit"]] == "cuda" and sources[0][N.CHUNK_STAGE["handoff"]] == "cuda"
+    handoffs = {k: s.duration_ms for k in (0, 1) for s in spans
+                if s.parent_id == chunk_ids[k] and s.name == N.CHUNK_STAGE["handoff"]}
+    assert handoffs == pytest.approx({0: 14.0, 1: 2.0})
+    assert sources[1][N.CHUNK_STAGE["dit"]] == "host" and sources[1][N.CHUNK_STAGE["handoff"]] == "host"
     tel.shutdown()
 
 

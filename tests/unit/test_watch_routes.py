@@ -176,6 +176,24 @@ def test_stage_window_prefers_gpu_times_and_measures_the_handoff() -> None:
     assert w.p50() == {"dit": 20.0, "handoff": 25.0, "decode": 50.0, "publish": 1.0}
     w.add([StageTime(3, "dit", 0, 7 * ms, "cuda"), StageTime(3, "cache_write", 0, 2 * ms, "cuda")], 4)
     assert list(w.p50().items())[:2] == [("dit", 7.0), ("cache_write", 2.0)]  # GPU times win; pipeline order
+    assert w.p50()["handoff"] == 25.0  # chunk 3's decode GPU time is not in yet: the host handoff stands
+    w.add([StageTime(3, "decode", 9 * ms, 40 * ms, "cuda")], 5)  # the other half, in a later report
+    assert w.p50()["handoff"] == 2.0  # GPU: DiT end (7 ms) -> decode start (9 ms)
+
+
+def test_gpu_handoffs_pair_across_reports_and_forget_old_halves() -> None:
+    from deployments.telemetry.session import GpuHandoffs
+
+    ms = 1_000_000
+    pairs = GpuHandoffs(keep=4)
+    assert pairs.add([StageTime(0, "dit", 0, 10 * ms, "cuda"), StageTime(0, "dit", 0, 1 * ms, "host"),
+                      StageTime(0, "decode", 11 * ms, 5 * ms, "host")]) == []  # host halves never pair
+    assert pairs.add([StageTime(0, "decode", 13 * ms, 5 * ms, "cuda")]) == [(0, 10 * ms, 13 * ms)]
+    assert pairs.add([StageTime(1, "decode", 5 * ms, 5 * ms, "cuda"), StageTime(1, "dit", 0, 8 * ms, "cuda")]) == [
+        (1, 8 * ms, 8 * ms)]  # clocks a hair apart: a decode "before" the DiT end counts as 0, not negative
+    for k in range(2, 10):  # decode times lost (say, dropped unread): their DiT halves are not kept forever
+        pairs.add([StageTime(k, "dit", 0, ms, "cuda")])
+    assert sorted(pairs._half) == [6, 7, 8, 9]
 
 
 def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
