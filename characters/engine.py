@@ -255,7 +255,8 @@ class ReferenceEncoder:
     @torch.inference_mode()
     def encode(self, image: np.ndarray) -> torch.Tensor:
         """(H, W, 3) uint8 -> (1, C, h, w) float32."""
-        x = torch.as_tensor(image, device=self.device).permute(2, 0, 1)[None].float() / 127.5 - 1  # (1, 3, H, W)
+        # torch.tensor copies: the image may be a read-only view (Ray hands numpy arrays over without a copy)
+        x = torch.tensor(image, device=self.device).permute(2, 0, 1)[None].float() / 127.5 - 1  # (1, 3, H, W)
         return self.encoder.encode_image(x)
 
 

@@ -13,10 +13,10 @@ end `reset` on every worker wipes all session state (KV cache, audio history, de
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -88,7 +88,7 @@ class ChunkReport:
     late: bool
     lateness_s: float
     delivered_fps: float
-    digest: str  # blake2b of the frames' bytes: equal frames <=> equal digests
+    digest: str  # `frames_digest`: equal frames -> equal digests (a content fingerprint, not a security hash)
     published_at: float  # the room's clock (monotonic: comparable on one node, where the whole slot is)
     stages: tuple[StageTime, ...] = ()  # where the time went (telemetry on): this chunk's host times, and
     #                                     GPU times of earlier chunks (CUDA events are read once complete)
@@ -469,6 +469,16 @@ class SessionAudioHandler:
         return self.session.stop.remote(self.session_id, reason)
 
 
+def frames_digest(frames: np.ndarray) -> str:
+    """64-bit fingerprint of a chunk's frames: CRC-32 of each half of their bytes, read in place.
+
+    Reports carry it so runs can be compared chunk by chunk (determinism, TP vs one GPU). A 480x832 chunk is
+    14 MB: blake2b over a copy took 18 ms of the room's CPU per chunk, this takes 3.4 ms."""
+    data = np.ascontiguousarray(frames).data.cast("B")
+    half = len(data) // 2
+    return f"{zlib.crc32(data[:half]):08x}{zlib.crc32(data[half:]):08x}"
+
+
 class RoomWorker:
     """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
 
@@ -520,7 +530,7 @@ class RoomWorker:
         now = self.clock()
         late, lateness = self.meter.on_chunk(now)
         self.sink.write(frames.frames, inp.pcm)
-        digest = hashlib.blake2b(frames.frames.tobytes(), digest_size=8).hexdigest()
+        digest = frames_digest(frames.frames)
         stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
         buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
         if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements

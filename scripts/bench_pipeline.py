@@ -28,7 +28,8 @@ Per session (steady state: the first `--skip` chunks dropped):
   `decode`, `publish`; with `depth` 2 the DiT makes chunk k+1 while the decoder decodes chunk k, so
   `ms_per_chunk` approaches max(dit, decode) rather than their sum: the overlap;
 - `latency_ms_p50`: submit -> published; late chunks; the GPUs each worker holds (disjoint across
-  sessions: each slot is its own placement group).
+  sessions: each slot is its own placement group); `ready_after_s`: the variant's first request -> this
+  session RUNNING (its slot built from nothing: actors, weights, warm-up, the compiled graph).
 Prints a table, writes JSON.
 """
 
@@ -137,7 +138,8 @@ def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, 
             spec = SessionSpec(sid, image, preset=args.preset, output=OutputSpec("null"),
                                max_duration_s=args.seconds, seed=int(sid[1:]))
             ray.get(sched.create_session.remote(spec))
-        started = {sid: wait_until(sched, sid, {SessionStatus.RUNNING}, t0 + args.start_timeout) for sid in ids}
+        started = {sid: wait_until(sched, sid, {SessionStatus.RUNNING}, t0 + args.start_timeout, since=t0)
+                   for sid in ids}
         build_s = time.monotonic() - t0
         slots = {sid: s for s in ray.get(sched.debug_slots.remote()) for sid in s["sessions"]}
         gpus = {sid: {"dit": [held_gpus(a) for a in slots[sid]["actors"][:args.dit_ranks]],
@@ -163,10 +165,11 @@ def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, 
         ray.kill(sched)
 
 
-def wait_until(sched: Any, sid: str, want: set[Any], deadline: float) -> Any:
+def wait_until(sched: Any, sid: str, want: set[Any], deadline: float, since: float | None = None) -> Any:
+    """The session's info once its status is in `want`; with one status wanted, (info, seconds since `since`)."""
     import ray
 
-    t0 = time.monotonic()
+    t0 = time.monotonic() if since is None else since
     while True:
         info = ray.get(sched.get_session.remote(sid))
         if info.status in want:

@@ -57,6 +57,8 @@ if [ "$what" = pipeline ]; then  # whole sessions on Ray: compiled graph, NCCL l
     run --preset wan-1.3b --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_wan-1.3b_1p1.json"
     # One rank's share of 57b TP4 (15 of 58 blocks: its FLOPs, not its collectives) + the decoder on its own GPU.
     run --preset 57b --layers 15 --dit-ranks 1 --decoder-gpus 1 --depths 2,1 --out "$OUT/pipeline_57b_L15_1p1.json"
+    # Two sessions side by side, each its own placement group of one GPU (the decoder beside its DiT).
+    run --preset wan-1.3b --dit-ranks 1 --decoder-gpus 0 --sessions 2 --out "$OUT/pipeline_wan-1.3b_1p0_x2.json"
   fi
   if [ "$gpus" -eq 2 ]; then  # 57b TP2, the decoder beside DiT rank 0 (shared memory)
     run --preset 57b --dit-ranks 2 --decoder-gpus 0 --depths 2 --out "$OUT/pipeline_57b_2p0.json"

@@ -34,6 +34,7 @@ def test_two_sessions_side_by_side_hold_disjoint_gpus(tmp_path: Path) -> None:
     for s in sessions:
         assert s["chunks"] >= 4 and 0 < s["ms_per_chunk"] < 10_000, s
         assert {"dit", "handoff", "decode"} <= set(s["stage_ms"]), s["stage_ms"]
+        assert 0 < s["ready_after_s"] <= variant["build_s"], (s["ready_after_s"], variant["build_s"])
         gpus = [*(g for rank in s["gpus"]["dit"] for g in rank), *s["gpus"]["decoder"]]
         assert len(gpus) == 2, s["gpus"]  # one GPU each: the DiT rank and the decoder
         held += gpus

@@ -27,7 +27,6 @@ the Ray side: clip 1's r 0.80 -> -0.08), and the offset check catches an A/V shi
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from characters.train.lipsync import LipSync, lipsync_score
 from deployments.runtime import init_local, stop_local
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionSpec, SessionStatus
+from deployments.workers import frames_digest
 
 pytestmark = pytest.mark.ray
 
@@ -67,11 +67,6 @@ class Take:
     audio: np.ndarray  # (n,) float32 16 kHz, frame f = samples [f * 16000 // 24, (f + 1) * 16000 // 24)
     idle: int  # chunks before the speech
     digests: list[str]  # every chunk's frames, before any encoding (RoomWorker.publish's digest)
-
-
-def digest(frames: np.ndarray) -> str:
-    """As `RoomWorker.publish` digests a chunk's (F, H, W, 3) uint8 frames."""
-    return hashlib.blake2b(np.ascontiguousarray(frames).tobytes(), digest_size=8).hexdigest()
 
 
 def session_speech(clip: Clip) -> tuple[bytes, np.ndarray]:
@@ -140,7 +135,7 @@ def in_process(engine: CharacterEngine, i: int, idle: int, chunks: int) -> Take:
                       chunks * fc, seed=i)
     assert frames is not None
     return Take(clip, frames[idle * fc:idle * fc + clip.frames], speech, idle,
-                [digest(frames[k * fc:(k + 1) * fc]) for k in range(chunks)])
+                [frames_digest(frames[k * fc:(k + 1) * fc]) for k in range(chunks)])
 
 
 @pytest.fixture(scope="module", autouse=True)

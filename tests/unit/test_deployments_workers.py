@@ -131,3 +131,35 @@ def test_room_measures_playout_on_an_injected_clock(cfg: SessionConfig) -> None:
     assert [r.late for r in reports] == [False, False, False, True]
     assert reports[3].lateness_s == pytest.approx(10.9 - (10.0 + 4 * 4 / 24))
     assert reports[0].digest == reports[1].digest and reports[3].published_at == 10.9
+
+
+def test_frames_digest_fingerprints_every_byte_and_ignores_the_layout() -> None:
+    from deployments.workers import frames_digest
+
+    frames = np.random.default_rng(5).integers(0, 256, (4, 16, 24, 3), dtype=np.uint8)
+    d = frames_digest(frames)
+    assert len(d) == 16 and d == frames_digest(frames.copy())
+    for at in ((0, 0, 0, 0), (3, 15, 23, 2)):  # a byte in each half
+        changed = frames.copy()
+        changed[at] ^= 1
+        assert frames_digest(changed) != d
+    strided = np.ascontiguousarray(frames.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)  # same values, other strides
+    assert not strided.flags.c_contiguous and frames_digest(strided) == d
+
+
+def test_reference_encoder_takes_a_read_only_image_without_warning() -> None:
+    """Ray hands the decoder worker the reference image as a read-only numpy view."""
+    import warnings
+
+    from characters.engine import ReferenceEncoder
+
+    cfg = session_config("tiny")
+    g = cfg.model.generation
+    image = np.random.default_rng(2).integers(0, 256, (g.height, g.width, 3), dtype=np.uint8)
+    enc = ReferenceEncoder(cfg)
+    want = enc.encode(image)
+    image.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = enc.encode(image)
+    assert torch.equal(got, want)
