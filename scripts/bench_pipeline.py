@@ -29,7 +29,8 @@ Per session (steady state: the first `--skip` chunks dropped):
   `ms_per_chunk` approaches max(dit, decode) rather than their sum: the overlap;
 - `latency_ms_p50`: submit -> published; late chunks; the GPUs each worker holds (disjoint across
   sessions: each slot is its own placement group); `ready_after_s`: the variant's first request -> this
-  session RUNNING (its slot built from nothing: actors, weights, warm-up, the compiled graph).
+  session RUNNING (its slot built from nothing: actors, weights, warm-up, the compiled graph); `slot_build_s`:
+  the seconds of each start-up stage of DiT rank 0 and of the decoder (`deployments.workers.STAGES`).
 Prints a table, writes JSON.
 """
 
@@ -115,6 +116,13 @@ def held_gpus(actor: Any) -> list[str]:
     return [str(g) for g in ray.get(actor.__ray_call__.remote(lambda _self: ray.get_gpu_ids()))]
 
 
+def worker_stages(actor: Any) -> dict[str, float]:
+    """Seconds each start-up stage of a DiT or decoder worker took (`deployments.workers.STAGES`)."""
+    import ray
+
+    return {k: round(v, 2) for k, v in ray.get(actor.stages.remote()).items()}
+
+
 def published(events: list[Any], skip: int) -> list[float]:
     """When each chunk's report reached the session's loop (wall clock), in chunk order, the first `skip` dropped."""
     at = sorted((e.chunk, e.at) for e in events if e.kind == "chunk" and e.chunk is not None)
@@ -144,6 +152,8 @@ def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, 
         slots = {sid: s for s in ray.get(sched.debug_slots.remote()) for sid in s["sessions"]}
         gpus = {sid: {"dit": [held_gpus(a) for a in slots[sid]["actors"][:args.dit_ranks]],
                       "decoder": held_gpus(slots[sid]["actors"][args.dit_ranks])} for sid in ids if sid in slots}
+        built = {sid: {"dit0": worker_stages(slots[sid]["actors"][0]),
+                       "decoder": worker_stages(slots[sid]["actors"][args.dit_ranks])} for sid in ids if sid in slots}
         ended = {sid: wait_until(sched, sid, {SessionStatus.ENDED, SessionStatus.FAILED},
                                  time.monotonic() + args.seconds + 300) for sid in ids}
         sessions = []
@@ -158,7 +168,7 @@ def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, 
                 "fps": round(g.frames_per_chunk * 1e3 / ms, 2), "late_chunks": info.stats.late_chunks,
                 "latency_ms_p50": round(info.stats.step_ms_p50, 1), "latency_ms_p95": round(info.stats.step_ms_p95, 1),
                 "stage_ms": {k: round(v, 2) for k, v in sorted(info.stats.stage_ms.items())},
-                "gpus": gpus.get(sid), "ready_after_s": round(started[sid][1], 1)})
+                "gpus": gpus.get(sid), "ready_after_s": round(started[sid][1], 1), "slot_build_s": built.get(sid)})
         return {"layout": layout, "depth": depth, "build_s": round(build_s, 1), "sessions": sessions}
     finally:
         ray.get(sched.shutdown.remote(), timeout=300)

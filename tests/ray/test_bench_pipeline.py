@@ -35,6 +35,10 @@ def test_two_sessions_side_by_side_hold_disjoint_gpus(tmp_path: Path) -> None:
         assert s["chunks"] >= 4 and 0 < s["ms_per_chunk"] < 10_000, s
         assert {"dit", "handoff", "decode"} <= set(s["stage_ms"]), s["stage_ms"]
         assert 0 < s["ready_after_s"] <= variant["build_s"], (s["ready_after_s"], variant["build_s"])
+        for worker in ("dit0", "decoder"):
+            stages = s["slot_build_s"][worker]
+            assert list(stages) == ["init_device", "init_process_group", "load_weights", "warm_up"], stages
+            assert sum(stages.values()) <= s["ready_after_s"], (stages, s["ready_after_s"])
         gpus = [*(g for rank in s["gpus"]["dit"] for g in rank), *s["gpus"]["decoder"]]
         assert len(gpus) == 2, s["gpus"]  # one GPU each: the DiT rank and the decoder
         held += gpus
