@@ -11,7 +11,7 @@ Trace anatomy (one trace per session; docs/operations.md has a captured example)
     │   ├── chunk.dit                     DiT rank 0 step (host timer on CPU, CUDA events on GPU)
     │   │   └── chunk.cache_write         the extra cache-update pass (when the preset has one)
     │   ├── chunk.handoff                 DiT done -> decoder starts (latent transfer and queueing; GPU
-│   │                                 times on GPUs, see `handoff`)
+    │   │                                 times on GPUs, see `handoff`)
     │   ├── chunk.decode                  VAE decode (host timer on CPU, CUDA events on GPU)
     │   └── chunk.publish                 room: playout bookkeeping and sink write
     └── session.end                       loop stopped -> output closed; summary attributes
@@ -227,7 +227,7 @@ class SessionTelemetry:
         hist = m[N.CHUNK_STAGE_DURATION.name]
         for t in stages:
             hist.record(t.duration_ns / 1e9, {N.STAGE: t.stage, N.TIMING_SOURCE: t.source})
-        if (h := handoff(host)) is not None:
+        if self.device != "cuda" and (h := handoff(host)) is not None:  # on GPUs the host span holds DiT work
             hist.record((h[1] - h[0]) / 1e9, {N.STAGE: "handoff", N.TIMING_SOURCE: "host"})
         for _, a, b in self._gpu_handoffs.add(stages):
             hist.record((b - a) / 1e9, {N.STAGE: "handoff", N.TIMING_SOURCE: "cuda"})

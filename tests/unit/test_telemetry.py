@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,6 +202,17 @@ def test_session_spans_sample_chunks_and_nest_stages(rx: OtlpReceiver, tel: Tele
     tel.shutdown()
 
 
+def points_of(rx: OtlpReceiver, instance: str, metric: str) -> list[Any]:
+    """`metric`'s data points exported by the telemetry of `instance` (the receiver serves the whole module)."""
+    out = []
+    for req in list(rx.metric_requests):
+        for rm in req.resource_metrics:
+            if any(a.key == "service.instance.id" and a.value.string_value == instance for a in rm.resource.attributes):
+                out += [p for sm in rm.scope_metrics for m in sm.metrics if m.name == metric
+                        for p in getattr(m, m.WhichOneof("data") or "gauge").data_points]
+    return out
+
+
 def test_gpu_times_arrive_later_and_win_over_host_times(rx: OtlpReceiver) -> None:
     tel = Telemetry(config(rx, trace_chunks_first=3), "session", "gpu")
     st = SessionTelemetry(tel, "s1", {"traceparent": PARENT}, preset="tiny", output_kind="null", device="cuda")
@@ -223,6 +235,13 @@ def test_gpu_times_arrive_later_and_win_over_host_times(rx: OtlpReceiver) -> Non
                 if s.parent_id == chunk_ids[k] and s.name == N.CHUNK_STAGE["handoff"]}
     assert handoffs == pytest.approx({0: 14.0, 1: 2.0})
     assert sources[1][N.CHUNK_STAGE["dit"]] == "host" and sources[1][N.CHUNK_STAGE["handoff"]] == "host"
+    tel.flush()  # the metric: only GPU-timed handoffs on a GPU session (its host span holds the DiT's queued work)
+    handoff_points = [{a.key: a.value.string_value for a in p.attributes} | {"count": p.count}
+                      for p in points_of(rx, "gpu", N.CHUNK_STAGE_DURATION.name)
+                      if any(a.key == N.STAGE and a.value.string_value == "handoff" for a in p.attributes)]
+    # cumulative points, one per export: every one says one handoff, GPU-timed (chunk 0's)
+    assert handoff_points and {(p[N.TIMING_SOURCE], p["count"]) for p in handoff_points} == {("cuda", 1)}, \
+        handoff_points
     tel.shutdown()
 
 
