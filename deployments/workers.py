@@ -13,7 +13,6 @@ end `reset` on every worker wipes all session state (KV cache, audio history, de
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import zlib
@@ -21,7 +20,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +30,7 @@ import torch.distributed as dist
 from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.media import Mp4Writer
+from characters.process_group import join
 from characters.telemetry import StageTime
 from deployments import telemetry
 from deployments.handoff import REFERENCE, Latents, pack, unpack
@@ -190,12 +189,8 @@ class DiTWorker:
         with self.timer.stage("init_process_group"):
             if self.ranks == 1:
                 return
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if backend == "gloo":
-                os.environ["GLOO_SOCKET_IFNAME"] = GLOO_SOCKET_IFNAME.get()
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
-                                    world_size=self.ranks, timeout=timedelta(seconds=timeout_s))
-            self.group = dist.group.WORLD
+            self.group = join("nccl" if self.device.type == "cuda" else "gloo", port, self.rank, self.ranks,
+                              timeout_s=timeout_s, gloo_ifname=GLOO_SOCKET_IFNAME.get())
 
     def load_weights(self) -> None:
         with self.timer.stage("load_weights"):

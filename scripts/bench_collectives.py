@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from characters.process_group import join, leave
 from scripts.bench_step import device_ms, env_info, timed
 from scripts.bench_tp import spawn_ranks
 
@@ -37,8 +38,8 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         torch.cuda.set_device(device)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     n = args.ranks
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n, **({"device_id": device} if cuda else {}))
+    join("nccl" if cuda else "gloo", port, rank, n, device=device if cuda else None)
+    done = False
     try:
         dtype = torch.bfloat16 if cuda else torch.float32
         rows, width = args.tokens, args.dim
@@ -68,9 +69,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                 "backend": "nccl" if cuda else "gloo", "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
                 "tensor": {"rows": n * m, "dim": width, "dtype": str(dtype), "bytes": size}, "ops": result}, indent=1))
-        dist.barrier()
+        done = True
     finally:
-        dist.destroy_process_group()
+        leave(wait=done)
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from characters.config import session_config
 from characters.engine import DiTRunner
 from characters.flops import chunk_cost
+from characters.process_group import join, leave
 from scripts.bench_step import env_info, matmul_rate, timed
 
 # variant -> (sequence parallel, overlap, communicate)
@@ -84,8 +85,8 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         torch.cuda.set_device(device)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (device README)
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # also for the symmetric-memory ops
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.ranks, **({"device_id": device} if cuda else {}))
+    join("nccl" if cuda else "gloo", port, rank, args.ranks, device=device if cuda else None)
+    done = False
     try:
         rows: dict[str, Any] = {}
         for name in args.variants.split(","):
@@ -120,9 +121,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                       "floor_ms": cost.flops_per_chunk_per_rank / rate * 1e3, "matmul_tflops": rate / 1e12,
                       "reference_ms": {"4xH100 fused (DESIGN.md)": 147.4, "4xH100 unfused": 159.3, "3xB200": 154.3}}
             Path(out).write_text(json.dumps(result, indent=1))
-        dist.barrier()  # no rank tears the group down while a peer still uses it
+        done = True
     finally:
-        dist.destroy_process_group()
+        leave(wait=done)
 
 
 def spawn_ranks(fn: Callable[[int, argparse.Namespace, int, str], None], args: argparse.Namespace,

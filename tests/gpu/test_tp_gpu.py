@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from characters.config import session_config
 from characters.engine import DiTRunner
+from characters.process_group import join, leave
 from characters.tp import OVERLAPS, TokenShards
 
 pytestmark = [
@@ -37,13 +38,13 @@ def _bootstrap(rank: int, fn: Callable[..., None], port: int, *args: object) -> 
     os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS,
-                            device_id=device)
+    join("nccl", port, rank, RANKS, device=device)
+    done = False
     try:
         fn(rank, device, *args)
-        dist.barrier()
+        done = True
     finally:
-        dist.destroy_process_group()
+        leave(wait=done)
 
 
 def _whole(tokens: int, device: torch.device) -> dict[str, torch.Tensor]:

@@ -9,7 +9,6 @@ after `scripts/train_tiny.py` has built the data set.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch.multiprocessing as mp
 
 from characters.config import session_config
 from characters.engine import DecoderRunner, DiTRunner
+from characters.process_group import join, leave
 from characters.train.data import Clip, load_split, reference_image, render_clip
 from characters.train.evaluate import generate, generate_clips
 from characters.train.lipsync import LipSync, lipsync_score, mouth_signal
@@ -84,20 +84,26 @@ def test_score_is_unchanged_on_the_naive_cache_path(trained: LipSync) -> None:
 
 
 def _rank(rank: int, ranks: int, port: int, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
+    group = join("gloo", port, rank, ranks)
+    done = False
     try:
-        cfg = session_config("tiny", "cpu")
-        dit = DiTRunner(cfg, group=dist.group.WORLD, rank=rank, ranks=ranks)
-        decoder = DecoderRunner(cfg) if rank == 0 else None
-        videos = [generate(dit, None, decoder, reference_image(c.identity), c.pcm, c.frames, seed=i)
-                  for i, c in enumerate(CLIPS)]
-        if rank == 0:
-            np.savez(out, *[v for v in videos if v is not None])
-        dist.barrier()  # no rank tears gloo down while its peer is still using the connection
+        _generate_clips(group, rank, ranks, out)  # its runners are gone when it returns
+        done = True
     finally:
-        dist.destroy_process_group()
+        del group
+        released = leave(wait=done)
+    assert released, f"rank {rank}: the process group outlived destroy_process_group (see characters.process_group)"
+
+
+def _generate_clips(group: dist.ProcessGroup, rank: int, ranks: int, out: str) -> None:
+    cfg = session_config("tiny", "cpu")
+    dit = DiTRunner(cfg, group=group, rank=rank, ranks=ranks)
+    decoder = DecoderRunner(cfg) if rank == 0 else None
+    videos = [generate(dit, None, decoder, reference_image(c.identity), c.pcm, c.frames, seed=i)
+              for i, c in enumerate(CLIPS)]
+    if rank == 0:
+        np.savez(out, *[v for v in videos if v is not None])
 
 
 def _free_port() -> int:

@@ -3,7 +3,6 @@ parallelism, with NCCL-style collectives and with the ring-overlapped ones, and 
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 
 from characters.config import session_config
 from characters.engine import DiTRunner
+from characters.process_group import join, leave
 from characters.tp import TokenShards
 
 CHUNKS = 5
@@ -58,14 +58,15 @@ def _spawn(fn: Callable[..., None], ranks: int, *args: object) -> None:
 
 
 def _bootstrap(rank: int, fn: Callable[..., None], ranks: int, port: int, *args: object) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
+    join("gloo", port, rank, ranks)
+    done = False
     try:
-        fn(rank, ranks, *args)
-        dist.barrier()  # no rank tears gloo down while its peer is still using the connection
+        fn(rank, ranks, *args)  # every runner `fn` built over the group is gone when it returns
+        done = True
     finally:
-        dist.destroy_process_group()
+        released = leave(wait=done)
+    assert released, f"rank {rank}: the process group outlived destroy_process_group (see characters.process_group)"
 
 
 def _session_rank(rank: int, ranks: int, sp: bool, overlap: str, switch_at: int | None, out_path: str) -> None:
