@@ -24,15 +24,16 @@ import torch.distributed.nn.functional  # before any group exists: see the modul
 Backend = Literal["gloo", "nccl"]
 
 
-def join(backend: Backend, port: int, rank: int, size: int, *, timeout_s: float = 120.0,
+def join(backend: Backend, port: int, rank: int, size: int, *, timeout_s: float | None = None,
          gloo_ifname: str = "lo", device: torch.device | None = None) -> dist.ProcessGroup:
     """Join the default group of `size` ranks whose rendezvous is rank 0's TCP `port` on 127.0.0.1.
 
-    gloo binds `gloo_ifname` (loopback by default); NCCL binds the group to `device` when given (eager init)."""
+    `timeout_s` bounds the rendezvous and each collective (None: torch's default for the backend). gloo binds
+    `gloo_ifname` (loopback by default); NCCL binds the group to `device` when given (eager init)."""
     if backend == "gloo":
         os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=timedelta(seconds=timeout_s), device_id=device)
+                            timeout=None if timeout_s is None else timedelta(seconds=timeout_s), device_id=device)
     group = dist.group.WORLD
     if group is None:  # init_process_group sets it or raises; this keeps the type honest
         raise RuntimeError("init_process_group returned without a default group")

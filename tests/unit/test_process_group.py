@@ -28,6 +28,15 @@ def free_port():
 def gloo_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
     return sum(name.startswith("pt_gloo") for name in names)
+
+def settled_gloo_threads(up):
+    # threads name themselves once running, and leave /proc just after they are joined: poll (10 s at most)
+    # for the state expected, rather than race them; a count that never settles is returned as it is
+    import time
+    deadline = time.monotonic() + 10
+    while (gloo_threads() > 0) != up and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return gloo_threads()
 """
 
 
@@ -48,7 +57,7 @@ def test_a_group_that_a_sharded_model_used_is_gone_after_leave() -> None:
         from characters.tp import apply_tensor_parallel
 
         group = join("gloo", free_port(), 0, 1)
-        threads_up = gloo_threads()
+        threads_up = settled_gloo_threads(up=True)
         with torch.device("meta"):
             model = CausalDiT(session_config("tiny", "cpu").model)
         apply_tensor_parallel(model, group, rank=0, size=2, communicate=False)
@@ -56,7 +65,7 @@ def test_a_group_that_a_sharded_model_used_is_gone_after_leave() -> None:
         del model, group
         released = leave()
         print(json.dumps({"threads_up": threads_up, "dynamo": dynamo, "released": released,
-                          "threads_left": gloo_threads()}))
+                          "threads_left": settled_gloo_threads(up=False)}))
     """)
     assert result["dynamo"] is True  # the import that used to capture the group happened after join
     assert result["threads_up"] and result["threads_up"] > 0  # type: ignore[operator]
@@ -69,7 +78,7 @@ def test_leave_says_when_something_still_holds_the_group() -> None:
 
         holder = [join("gloo", free_port(), 0, 1)]
         released = leave()
-        print(json.dumps({"released": released, "threads_left": gloo_threads()}))
+        print(json.dumps({"released": released, "threads_left": settled_gloo_threads(up=True)}))
     """)
     assert result["released"] is False
     assert result["threads_left"] and result["threads_left"] > 0  # type: ignore[operator]
@@ -84,7 +93,7 @@ def test_torch_distributed_nn_imported_after_the_group_keeps_it_alive() -> None:
         alive = weakref.ref(dist.group.WORLD)
         dist.destroy_process_group()
         gc.collect()
-        print(json.dumps({"alive": alive() is not None, "threads_left": gloo_threads()}))
+        print(json.dumps({"alive": alive() is not None, "threads_left": settled_gloo_threads(up=True)}))
     """)
     assert result["alive"] is True
     assert result["threads_left"] and result["threads_left"] > 0  # type: ignore[operator]
