@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import weakref
 from datetime import timedelta
 from typing import Literal
@@ -22,6 +23,13 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # before any group exists: see the module docstring
 
 Backend = Literal["gloo", "nccl"]
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for rank 0 to host the group's rendezvous on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def join(backend: Backend, port: int, rank: int, size: int, *, timeout_s: float | None = None,

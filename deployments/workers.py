@@ -13,7 +13,6 @@ end `reset` on every worker wipes all session state (KV cache, audio history, de
 
 from __future__ import annotations
 
-import socket
 import time
 import zlib
 from collections import deque
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.media import Mp4Writer
-from characters.process_group import join
+from characters.process_group import free_port, join
 from characters.telemetry import StageTime
 from deployments import telemetry
 from deployments.handoff import REFERENCE, Latents, pack, unpack
@@ -180,9 +179,7 @@ class DiTWorker:
 
     def free_port(self) -> int:
         """A free TCP port on loopback for the process group's rendezvous (asked of rank 0)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return free_port()
 
     def init_process_group(self, port: int, timeout_s: float = 120.0) -> None:
         """Join the slot's tensor-parallel group (gloo on CPU, NCCL on CUDA); nothing to do for one rank."""

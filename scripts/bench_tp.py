@@ -21,7 +21,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import sys
 from collections.abc import Callable
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from characters.config import session_config
 from characters.engine import DiTRunner
 from characters.flops import chunk_cost
-from characters.process_group import join, leave
+from characters.process_group import free_port, join, leave
 from scripts.bench_step import env_info, matmul_rate, timed
 
 # variant -> (sequence parallel, overlap, communicate)
@@ -133,10 +132,7 @@ def spawn_ranks(fn: Callable[[int, argparse.Namespace, int, str], None], args: a
     if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
         sys.exit(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    mp.spawn(fn, args=(args, port, str(out)), nprocs=args.ranks, join=True)
+    mp.spawn(fn, args=(args, free_port(), str(out)), nprocs=args.ranks, join=True)
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -61,14 +60,14 @@ def main() -> None:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
+    from characters.process_group import free_port  # here, not at the top: the ranks re-import this file, and
+    #                                                 `plain` ranks must not import characters.process_group
+
     failures: list[str] = []
     start = time.perf_counter()
     for _ in range(args.runs):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
         try:
-            mp.spawn(rank_main, args=(args.join, port), nprocs=2, join=True)
+            mp.spawn(rank_main, args=(args.join, free_port()), nprocs=2, join=True)
         except ProcessException as e:  # a rank's abort or error: counted, the next run goes on
             failures.append(str(e).strip().splitlines()[-1][:300])
     result = {"command": " ".join(["python", *sys.argv]), "join": args.join, "runs": args.runs,

@@ -4,7 +4,6 @@ computation (the collectives next to the GEMMs) and a TP=2 session equals TP=1 (
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 
 from characters.config import session_config
 from characters.engine import DiTRunner
-from characters.process_group import join, leave
+from characters.process_group import free_port, join, leave
 from characters.tp import OVERLAPS, TokenShards
 
 pytestmark = [
@@ -27,10 +26,7 @@ RANKS = 2
 
 
 def _spawn(fn: Callable[..., None], *args: object) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    mp.spawn(_bootstrap, args=(fn, port, *args), nprocs=RANKS, join=True)
+    mp.spawn(_bootstrap, args=(fn, free_port(), *args), nprocs=RANKS, join=True)
 
 
 def _bootstrap(rank: int, fn: Callable[..., None], port: int, *args: object) -> None:

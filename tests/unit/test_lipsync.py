@@ -9,7 +9,6 @@ after `scripts/train_tiny.py` has built the data set.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch.multiprocessing as mp
 
 from characters.config import session_config
 from characters.engine import DecoderRunner, DiTRunner
-from characters.process_group import join, leave
+from characters.process_group import free_port, join, leave
 from characters.train.data import Clip, load_split, reference_image, render_clip
 from characters.train.evaluate import generate, generate_clips
 from characters.train.lipsync import LipSync, lipsync_score, mouth_signal
@@ -106,15 +105,11 @@ def _generate_clips(group: dist.ProcessGroup, rank: int, ranks: int, out: str) -
         np.savez(out, *[v for v in videos if v is not None])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_score_is_unchanged_with_two_tensor_parallel_ranks(trained: LipSync, tmp_path: Path) -> None:
     out = tmp_path / "frames.npz"
-    mp.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), str(out)), nprocs=2, join=True)
     with np.load(out) as z:
         tp2 = score(CLIPS, [z[f"arr_{i}"] for i in range(len(CLIPS))])
     assert abs(tp2.r - trained.r) < TOL and tp2.offset == trained.offset, (tp2.r, trained.r)

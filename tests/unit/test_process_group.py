@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 os.environ["GLOO_SOCKET_IFNAME"] = "lo"
 
-def free_port():
+def free_port():  # not characters.process_group's: the last case must not import that module
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -3,7 +3,6 @@ parallelism, with NCCL-style collectives and with the ring-overlapped ones, and 
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 import numpy as np
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 from characters.config import session_config
 from characters.engine import DiTRunner
-from characters.process_group import join, leave
+from characters.process_group import free_port, join, leave
 from characters.tp import TokenShards
 
 CHUNKS = 5
@@ -54,7 +53,7 @@ def _session(runner: DiTRunner, switch_at: int | None = None) -> list[torch.Tens
 
 
 def _spawn(fn: Callable[..., None], ranks: int, *args: object) -> None:
-    mp.spawn(_bootstrap, args=(fn, ranks, _free_port(), *args), nprocs=ranks, join=True)
+    mp.spawn(_bootstrap, args=(fn, ranks, free_port(), *args), nprocs=ranks, join=True)
 
 
 def _bootstrap(rank: int, fn: Callable[..., None], ranks: int, port: int, *args: object) -> None:
@@ -75,10 +74,6 @@ def _session_rank(rank: int, ranks: int, sp: bool, overlap: str, switch_at: int 
     torch.save(_session(runner, switch_at), f"{out_path}.{rank}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(("ranks", "sp", "overlap", "switch_at"), [
