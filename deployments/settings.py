@@ -16,7 +16,7 @@ turns them into the one frozen config that the scheduler, its slots and its sess
     CHARACTERS_WORKER_TIMEOUT_S      wait for a worker stage (load weights, warm up) before failing the slot
     GLOO_SOCKET_IFNAME               interface gloo binds for CPU tensor parallelism (lo: loopback only)
 
-Request limits (defaults of `deployments.api.ApiConfig`; the app args' `api:` section overrides them;
+Request limits (defaults of `deployments.api.requests.ApiConfig`; the app args' `api:` section overrides them;
 docs/security.md has the table):
 
     CHARACTERS_MAX_BODY_BYTES        largest HTTP request body (413 body_too_large)
@@ -26,7 +26,7 @@ docs/security.md has the table):
     CHARACTERS_MAX_DURATION_S        largest maxDuration a request may ask for (422 invalid_field maxDuration)
     CHARACTERS_CORS_ORIGINS          comma-separated origins allowed by CORS (empty: CORS off, the default)
 
-LiveKit server of the watch page (`deployments.watch`; `characters serve --livekit-dev` sets them):
+LiveKit server of the watch page (`deployments.api.watch`; `characters serve --livekit-dev` sets them):
 
     CHARACTERS_LIVEKIT_URL           ws(s)://host[:port] the watch page's sessions publish to; empty: page off
     CHARACTERS_LIVEKIT_PUBLIC_URL    the same server as browsers reach it (empty: CHARACTERS_LIVEKIT_URL)

@@ -10,7 +10,7 @@ command -v "$PY" >/dev/null || PY=python3
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
 .venv/bin/python -m pip install -q -e ".${extra}"
-# The watch page (web/ -> deployments/watch_page/) and, for its browser test, Debian's Chromium.
+# The watch page (web/ -> deployments/api/watch_page/) and, for its browser test, Debian's Chromium.
 if [ -n "$extra" ]; then
     scripts/build_web.sh
     scripts/install_chromium.sh

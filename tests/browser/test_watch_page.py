@@ -73,7 +73,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "CHARACTERS_API_KEYS": "", "RAY_ADDRESS": ""}
     log_path = work / "serve.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "deployments.serve_cli", "--config", str(config), "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "deployments.cli.serve", "--config", str(config), "--port",
                                  str(port), "--grpc-port", "0", "--livekit-dev"], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         try:

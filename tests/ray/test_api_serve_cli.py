@@ -1,4 +1,4 @@
-"""`characters serve` (deployments.serve_cli) as a subprocess: starts, answers HTTP and gRPC, and on
+"""`characters serve` (deployments.cli.serve) as a subprocess: starts, answers HTTP and gRPC, and on
 SIGINT exits 0 within seconds with its ports free. Runs its own Ray cluster (the real scheduler)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deployments.proto import characters_pb2 as pb
-from deployments.proto import characters_pb2_grpc as pb_grpc
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.proto import characters_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("service: {preset: enormous}\n")
     for args in (["--config", str(tmp_path / "missing.yaml")], ["--config", str(cfg)]):
-        proc = subprocess.run([sys.executable, "-m", "deployments.serve_cli", *args], cwd=ROOT, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "deployments.cli.serve", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert "characters serve:" in proc.stderr and ("missing.yaml" in proc.stderr or "enormous" in proc.stderr)
@@ -64,7 +64,7 @@ def test_serve_runs_until_sigint_then_frees_its_ports(tmp_path: Path) -> None:
     http_port, grpc_port = free_port(), free_port()
     env = {**os.environ, "CHARACTERS_API_KEYS": "", "RAY_ADDRESS": ""}
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve_cli", "--port", str(http_port),
+    proc = subprocess.Popen([sys.executable, "-m", "deployments.cli.serve", "--port", str(http_port),
                              "--grpc-port", str(grpc_port)], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:

@@ -46,7 +46,7 @@ GPU_KEYS = ("nvidia.com/gpu", "amd.com/gpu", "gpu")
 SECRET_ENV = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET", "CHARACTERS_API_KEYS")
 SECRET_NAME = re.compile(r"(KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 PRESTOP_MARGIN_S = 30  # grace period left for `ray stop` after the preStop wait
-INGRESS = "CharactersIngress"  # deployments.app's ingress deployment
+INGRESS = "CharactersIngress"  # deployments.api.app's ingress deployment
 SERVICE_KEYS = ("preset", "topology", "warm_slots", "queue_max", "queue_timeout_s")
 API_KEYS = ("max_duration_s",)
 
@@ -224,7 +224,7 @@ def application(rs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def app_args(rs: Mapping[str, Any]) -> dict[str, Any]:
-    """The args deployments.app:build_app gets: {service: {...}, api: {...}, ingress: {...}}."""
+    """The args deployments.api.app:build_app gets: {service: {...}, api: {...}, ingress: {...}}."""
     return application(rs).get("args") or {}
 
 
@@ -440,8 +440,9 @@ def serve_config_problems(rs: Mapping[str, Any]) -> list[str]:
         return [f"serveConfigV2 is not a valid Serve config: {e}"]
     problems = []
     for app in config.applications:
-        if app.import_path != "deployments.app:build_app":
-            problems.append(f"application {app.name} import_path={app.import_path!r}, want deployments.app:build_app")
+        if app.import_path != "deployments.api.app:build_app":
+            problems.append(f"application {app.name} import_path={app.import_path!r}, "
+                            "want deployments.api.app:build_app")
     service, api = service_args(rs), app_args(rs).get("api") or {}
     missing = [f"service.{k}" for k in SERVICE_KEYS if k not in service] + [f"api.{k}" for k in API_KEYS
                                                                                if k not in api]
@@ -456,14 +457,14 @@ def builder_problems(rs: Mapping[str, Any]) -> list[str]:
     """The application's args are accepted by the real builder's parser, and gRPC names its servicer."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from deployments.app import parse_args
-        from deployments.grpc_service import GRPC_SERVICER_FUNCTIONS
+        from deployments.api.app import parse_args
+        from deployments.api.grpc_service import GRPC_SERVICER_FUNCTIONS
 
     problems = []
     try:
         parse_args(app_args(rs))
     except ValueError as e:
-        problems.append(f"deployments.app.parse_args refuses the serveConfigV2 args: {e}")
+        problems.append(f"deployments.api.app.parse_args refuses the serveConfigV2 args: {e}")
     servicers = (serve_config(rs).get("grpc_options") or {}).get("grpc_servicer_functions")
     if tuple(servicers or ()) != GRPC_SERVICER_FUNCTIONS:
         problems.append(f"grpc_options.grpc_servicer_functions={servicers}, want {list(GRPC_SERVICER_FUNCTIONS)}")
@@ -742,14 +743,14 @@ def test_upgrade_invariant(rs: dict[str, Any]) -> None:
 
 def test_serve_config_invariant(rs: dict[str, Any]) -> None:
     def edit(app: dict[str, Any], _config: dict[str, Any]) -> None:
-        app["import_path"] = "deployments.app:app"
+        app["import_path"] = "deployments.api.app:app"
         del app["args"]["service"]["warm_slots"]
         del app["args"]["api"]
         del app["deployments"]
 
     edit_serve_config(rs, edit)
     assert serve_config_problems(rs) == [
-        "application characters import_path='deployments.app:app', want deployments.app:build_app",
+        "application characters import_path='deployments.api.app:app', want deployments.api.app:build_app",
         "serveConfigV2 args lack ['service.warm_slots', 'api.max_duration_s']: the manifest must state them, "
         "not inherit defaults",
         "serveConfigV2 has no CharactersIngress user_config.draining (the drain switch)",
@@ -767,10 +768,10 @@ def test_builder_invariant(rs: dict[str, Any]) -> None:
     edit_serve_config(rs, edit)
     problems = builder_problems(rs)
     assert len(problems) == 2
-    assert problems[0].startswith("deployments.app.parse_args refuses the serveConfigV2 args: unknown app args "
+    assert problems[0].startswith("deployments.api.app.parse_args refuses the serveConfigV2 args: unknown app args "
                                   "['draining']")
     assert problems[1] == ("grpc_options.grpc_servicer_functions=None, want "
-                           "['deployments.proto.characters_pb2_grpc.add_CharactersServicer_to_server']")
+                           "['deployments.api.proto.characters_pb2_grpc.add_CharactersServicer_to_server']")
 
 
 def test_reference_and_telemetry_invariants(rendered: dict[str, list[dict[str, Any]]]) -> None:

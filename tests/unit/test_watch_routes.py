@@ -1,4 +1,4 @@
-"""The watch page's routes (deployments.watch) over a scheduler in memory, and the session stats they show:
+"""The watch page's routes (deployments.api.watch) over a scheduler in memory, and the session stats they show:
 viewer tokens grant exactly join + subscribe on the session's room, agent audio over HTTP reaches the
 scheduler byte for byte, refusals take the API's error shape, the page's files need no API key."""
 
@@ -18,11 +18,13 @@ from livekit import api as lkapi
 from memory_scheduler import MemoryScheduler
 
 from characters.telemetry import StageTime
-from deployments import watch
-from deployments.api import ApiConfig, SessionFrontend, build_http_app
-from deployments.auth import ApiKeys
+from deployments.api import watch
+from deployments.api.auth import ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
+from deployments.api.requests import ApiConfig
 from deployments.livekit.config import LiveKitOutput
-from deployments.session import StageWindow
+from deployments.sessions.runner import StageWindow
 
 ASSETS = Path(__file__).resolve().parents[2] / "characters" / "assets"
 LK = watch.WatchSettings(url="ws://lk.internal:7880", public_url="wss://lk.example.org", api_key="APIkey123",
@@ -201,8 +203,9 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
 
     from characters.audio import chunk_sample_range
     from characters.config import session_config
+    from deployments.pipeline.room import RoomWorker
+    from deployments.pipeline.workers import ChunkInput, Frames
     from deployments.types import OutputSpec
-    from deployments.workers import ChunkInput, Frames, RoomWorker
 
     cfg = session_config("tiny", "cpu", model={"generation": {"height": 64, "width": 96}})
     room = RoomWorker(cfg)

@@ -14,7 +14,7 @@ from characters.cli import build_parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from deployments.serve_cli import run_serve
+    from deployments.cli.serve import run_serve
 
     return run_serve(args.config, args.host, args.port, args.grpc_port, args.livekit_dev)
 

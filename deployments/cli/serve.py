@@ -5,7 +5,7 @@
 - No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
   service (tiny preset, CPU topology) unless the config says otherwise. With RAY_ADDRESS: joins that
   cluster and deploys the app there.
-- `config_path`: a YAML file holding the app args of `deployments.app.build_app`
+- `config_path`: a YAML file holding the app args of `deployments.api.app.build_app`
   (`{service: {...}, api: {...}, ingress: {...}}`); None: the defaults plus CHARACTERS_* variables.
 - Prints the HTTP and gRPC addresses, then blocks until Ctrl-C or SIGTERM, then deletes the app
   (joined cluster) or shuts Serve and Ray down (own cluster), and returns 0. Bad config: 2.
@@ -15,7 +15,7 @@
   built once by scripts/install_livekit.sh, free ports, the public --dev keys) and point the watch page
   (`/watch/`) at it through CHARACTERS_LIVEKIT_*; own cluster only. It stops after Serve and Ray.
 
-Also runnable as `python -m deployments.serve_cli [--config F] [--host H] [--port P] [--grpc-port G] [--livekit-dev]`.
+Also runnable as `python -m deployments.cli.serve [--config F] [--host H] [--port P] [--grpc-port G] [--livekit-dev]`.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     os.environ.setdefault("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", str(GRPC_MAX_MESSAGE_BYTES))
     try:
         args = _load_args(config_path)
-        from deployments.app import parse_args  # imports Ray: after the environment is set
+        from deployments.api.app import parse_args  # imports Ray: after the environment is set
 
         service, _, _ = parse_args(args)
     except ValueError as e:
@@ -125,8 +125,8 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     import ray
     from ray import serve
 
-    from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
-    from deployments.runtime import init_local, stop_local
+    from deployments.api.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
+    from deployments.sessions.cluster import init_local, stop_local
 
     stop = threading.Event()
     livekit: LiveKitServer | None = None

@@ -1,7 +1,7 @@
 """The watch page: a small web front end served by the ingress, and the routes it calls (no Ray imports).
 
     GET    /                         -> 307 /watch/
-    GET    /watch/                   the page (web/, built by vite into deployments/watch_page/)
+    GET    /watch/                   the page (web/, built by vite into deployments/api/watch_page/)
     GET    /watch/samples/face.png   the bundled sample face; /watch/samples/speech.wav: its sample speech
     GET    /v1/watch/config          WatchConfigOut: is a LiveKit server configured, its URL, the preset's size
     POST   /v1/watch/sessions        WatchSessionIn -> 201 WatchSessionOut: a session publishing into a new
@@ -48,13 +48,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from characters.config import MODEL_PRESETS
-from deployments.api import AvatarIn, CreateSessionRequest, SessionFrontend, SessionOut, decode_base64_image
-from deployments.errors import ApiError, ErrorCode, error_responses
+from deployments.api.errors import ApiError, ErrorCode, error_responses
+from deployments.api.frontend import SessionFrontend
+from deployments.api.requests import decode_base64_image
+from deployments.api.schemas import AvatarIn, CreateSessionRequest, SessionOut
 from deployments.livekit.config import LiveKitConfigError, check_url
 from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
 
 PAGE_DIR = Path(__file__).resolve().parent / "watch_page"  # vite's output (web/vite.config.ts)
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "characters" / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "characters" / "assets"
 SAMPLES = {"face.png": ("sample_face.png", "image/png"), "speech.wav": ("sample_speech.wav", "audio/wav")}
 VIEWER_TTL = datetime.timedelta(hours=2)
 ROOM_PREFIX = "watch-"
@@ -122,7 +124,7 @@ def wav_pcm(raw: bytes) -> tuple[bytes, int, int]:
 # ------------------------------------------------------------------------------------------- schemas
 
 
-class _In(BaseModel):  # as deployments.api's requests: camelCase, strict, no unknown fields
+class _In(BaseModel):  # as deployments.api.http's requests: camelCase, strict, no unknown fields
     model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True, strict=True)
 
 
