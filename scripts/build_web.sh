@@ -13,7 +13,10 @@ fi
 stamp=node_modules/.lock-sha256
 lock_sha="$(sha256sum package-lock.json | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$lock_sha" ]; then
-    npm ci --no-audit --no-fund --loglevel=error
+    echo "build_web.sh: installing the page's npm packages (package-lock.json)" >&2
+    log="$(mktemp)"
+    npm ci --no-audit --no-fund --loglevel=error >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+    rm -f "$log"
     echo "$lock_sha" > "$stamp"
 fi
 page=../deployments/api/watch_page/index.html

@@ -9,6 +9,7 @@ Imports are read from the source (ast), at module level and inside functions ali
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,18 @@ def test_the_names_manifests_use_still_resolve_for_one_release():
         old_app = importlib.reload(deployments.app)
     assert old_app.build_app is deployments.api.app.build_app
     assert grpc_old.add_CharactersServicer_to_server is grpc_new.add_CharactersServicer_to_server
+
+
+def test_nothing_reads_outside_the_checkout():
+    """A user's clone has nothing beside it: no test, script or module reaches for a sibling folder (CI's
+    read-only `../shared` was one), and what the tests need, such as the KubeRay CRD schemas, is carried."""
+    escapes = re.compile(r"""\.\./shared|\.parent\s*/\s*["']shared["']|parents\[\d+\]\s*/\s*["']shared["']|/work/""")
+    found = []
+    for folder in ("characters", "kernels", "placement", "deployments", "scripts", "tests", "k8s", "docker", ".ci"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".sh", ".toml", ".yaml", ".yml", ".cfg", "") and path.is_file() \
+                    and "node_modules" not in path.parts and path != Path(__file__):
+                text = path.read_text(errors="replace")
+                found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in escapes.finditer(text)]
+    assert found == []
+    assert (ROOT / "k8s" / "crds" / "kuberay" / "ray.io_rayservices.yaml").is_file()

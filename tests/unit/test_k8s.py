@@ -4,8 +4,8 @@ KubeRay CRD schemas, and check the invariants of STYLE.md item 20 (pure CPU, no 
 Each invariant is a function `*_problems(...) -> list[str]` (empty: holds). Every one is tested twice: it holds
 on every rendered overlay, and it reports a deliberately broken copy of a rendered manifest.
 
-Needs: Go on PATH (scripts/install_kustomize.sh builds kustomize once into .cache/bin) and the CRD schemas at
-`<repo>/../shared/schemas/kuberay/` (CI's read-only `../shared`). Either missing: the tests FAIL, never skip.
+Needs: Go on PATH (scripts/install_kustomize.sh builds kustomize once into .cache/bin). The CRD schemas are
+in the repository (`k8s/crds/kuberay/`, with their source). Either missing: the tests FAIL, never skip.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from characters.config import TOPOLOGIES
 from placement import NodeCapacity, PlacementSpec, bundles_for, free_bundles
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA_DIR = REPO.parent / "shared" / "schemas" / "kuberay"
+SCHEMA_DIR = REPO / "k8s" / "crds" / "kuberay"
 K8S = REPO / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 GPUS_PER_NODE = 8  # every supported node type: HGX/DGX H100 and B200 boards, one NVLink domain of 8 GPUs
@@ -100,8 +100,8 @@ def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 def crd_schema(plural: str) -> dict[str, Any]:
     path = SCHEMA_DIR / f"ray.io_{plural}.yaml"
     if not path.is_file():
-        pytest.fail(f"KubeRay CRD schema {path} is missing: CI expects the read-only ../shared beside the clone "
-                    f"(shared/schemas/kuberay/ray.io_{plural}.yaml); check out or copy it there")
+        pytest.fail(f"KubeRay CRD schema {path} is missing from the checkout (k8s/crds/kuberay/README.md says "
+                    "where it comes from)")
     crd = yaml.safe_load(path.read_text())
     versions = {v["name"]: v for v in crd["spec"]["versions"]}
     return strict(versions["v1"]["schema"]["openAPIV3Schema"])
