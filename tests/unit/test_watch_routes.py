@@ -77,6 +77,27 @@ def test_config_says_whether_livekit_is_configured(sched: MemoryScheduler) -> No
         assert r.status_code == 503 and "CHARACTERS_LIVEKIT_URL 'lk.internal:7880'" in r.json()["error"]["message"]
 
 
+def test_livekit_route_shows_the_server_and_only_a_development_secret(sched: MemoryScheduler) -> None:
+    with make_client(sched, LK) as c:  # a real server: its secret is never disclosed
+        assert c.get("/v1/livekit").json() == {"configured": True, "url": "wss://lk.example.org",
+                                               "apiKey": "APIkey123", "apiSecret": None, "dev": False}
+    dev = watch.WatchSettings(url="ws://127.0.0.1:7880", public_url="ws://127.0.0.1:7880", api_key="devkey",
+                              api_secret="secret", dev=True)
+    with make_client(sched, dev) as c:
+        assert c.get("/v1/livekit").json() == {"configured": True, "url": "ws://127.0.0.1:7880", "apiKey": "devkey",
+                                               "apiSecret": "secret", "dev": True}
+    with make_client(sched, watch.WatchSettings()) as c:
+        assert c.get("/v1/livekit").json() == {"configured": False, "url": None, "apiKey": None, "apiSecret": None,
+                                               "dev": False}
+
+
+def test_livekit_route_needs_a_key_when_keys_are_on(sched: MemoryScheduler) -> None:
+    keys = ApiKeys.parse("backend:" + "k" * 32)
+    with make_client(sched, LK, keys) as c:
+        assert c.get("/v1/livekit").status_code == 401
+        assert c.get("/v1/livekit", headers={"Authorization": "Bearer " + "k" * 32}).json()["apiKey"] == "APIkey123"
+
+
 def test_watch_session_publishes_to_its_own_room_and_the_viewer_may_only_subscribe(
         client: TestClient, sched: MemoryScheduler) -> None:
     r = client.post("/v1/watch/sessions", json={"avatar": {"image": face_b64()}, "maxDuration": 60})
