@@ -9,6 +9,11 @@ same resources (e.g. a Serve replica taking CPUs on a CPU-only cluster) shows up
 group that does not become ready: `reserve` then removes it after its timeout, so a pending group
 never lingers to grab capacity freed later.
 
+Nodes. `node_table` reads the GCS's node table (`ray.nodes()`) and which nodes it marks draining (the
+autoscaler's cluster state, what KubeRay's autoscaler reads); `RayletProbe` asks a node's raylet the gRPC
+health check the GCS itself sends it, so that the scheduler learns of a lost node in about a second
+rather than after the GCS's own health checks (~15 s at Ray's defaults).
+
 Autoscaler. Demand that the cluster cannot hold (queued requests, plus every live slot) is published
 with `ray.autoscaler.sdk.request_resources`, one bundle per session holding its whole demand (so the
 autoscaler sizes a node that fits STRICT_PACK). Chosen over leaving placement groups pending for
@@ -24,7 +29,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import grpc
 import ray
+from ray.exceptions import RayError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from placement.bundles import RESOURCE_UNITS, PlacementSpec, to_units
@@ -58,6 +65,57 @@ def ledger(nodes: Iterable[Mapping[str, Any]], used: Mapping[str, Sequence[Mappi
 
 def alive_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def node_table() -> tuple[list[dict[str, Any]], set[str]]:
+    """Every node the GCS lists (`ray.nodes()`, dead ones included), and the ids of those it marks draining
+    (empty when the cluster state cannot be read: draining is a hint, the table is the truth)."""
+    rows = list(ray.nodes())
+    try:
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # (not in Ray's stubs)
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+        from ray.core.generated.autoscaler_pb2 import NodeStatus  # type: ignore[attr-defined]
+
+        state = get_cluster_resource_state(GcsClient(address=ray.get_runtime_context().gcs_address))
+        draining = {n.node_id.hex() if isinstance(n.node_id, bytes) else str(n.node_id)
+                    for n in state.node_states if n.status == NodeStatus.DRAINING}
+    except (RayError, RuntimeError, OSError, ValueError, ImportError) as err:
+        log.warning("could not read which nodes drain: %s", err)
+        draining = set()
+    return rows, draining
+
+
+class RayletProbe:
+    """The gRPC health check of a node's raylet (`grpc.health.v1.Health/Check`, what the GCS sends it), one
+    channel per node kept open. Any answer counts as alive, a refusal of the call included (e.g. under
+    token authentication); only no connection or no answer within the timeout is a failure."""
+
+    METHOD = "/grpc.health.v1.Health/Check"
+
+    def __init__(self, timeout_s: float = 0.5) -> None:
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def __call__(self, address: str) -> bool:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        check = channel.unary_unary(self.METHOD, request_serializer=_raw, response_deserializer=_raw)
+        try:
+            await check(b"", timeout=self.timeout_s, wait_for_ready=False)  # HealthCheckRequest(service="")
+        except grpc.aio.AioRpcError as err:
+            return err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return True
+
+    async def forget(self, keep: Iterable[str]) -> None:
+        """Close the channels of addresses not in `keep`."""
+        keep = set(keep)
+        for address in [a for a in self._channels if a not in keep]:
+            await self._channels.pop(address).close()
+
+
+def _raw(data: bytes) -> bytes:
+    return data
 
 
 async def reserve(spec: PlacementSpec, *, name: str, node_id: str | None, timeout_s: float,

@@ -298,6 +298,28 @@ def commit(
     return ledger, queue
 
 
+def explain_fit(nodes: Iterable[NodeCapacity], demand: Mapping[str, float]) -> str:
+    """Why a request for ``demand`` is not admitted now, in words, for refusals and queue events: no node
+    has the whole bundle free (what the roomiest node and all nodes together have free, so that a cluster
+    whose free GPUs add up but are spread over nodes says so), or it fits but is owed to requests ahead."""
+    nodes = list(nodes)
+    want = _fmt(demand)
+    if not nodes:
+        return f"no node is live to place a bundle of {want} on"
+    if best_fit(nodes, demand) is not None:
+        return f"a bundle of {want} is free, but it is owed to the requests queued ahead (FIFO)"
+    main = "GPU" if to_units(demand.get("GPU", 0.0)) > 0 else next(iter(sorted(demand)), "CPU")
+    roomiest = max(nodes, key=lambda n: (to_units(n.free.get(main, 0.0)), n.node_id))
+    total = {k: sum(to_units(n.free.get(k, 0.0)) for n in nodes) / RESOURCE_UNITS for k in demand}
+    return (f"no node has a whole bundle of {want} free (a session's bundle must fit one node, STRICT_PACK): the "
+            f"roomiest of {len(nodes)} nodes has {_fmt({k: roomiest.free.get(k, 0.0) for k in demand})} free, "
+            f"all of them together {_fmt(total)}")
+
+
+def _fmt(resources: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
+
+
 def free_bundles(nodes: Iterable[NodeCapacity], spec: PlacementSpec) -> int:
     """How many more whole sessions of ``spec`` the free capacity could host (for capacity reports)."""
     demand = {k: to_units(v) for k, v in spec.demand().items() if to_units(v) > 0}

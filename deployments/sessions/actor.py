@@ -47,7 +47,7 @@ class SessionActor:
 
     def __init__(self, cfg: SessionConfig, service: ServiceConfig, workers: Workers,
                  slot_id: str | None = None) -> None:
-        self.cfg, self.service, self.workers = cfg, service, workers
+        self.cfg, self.service, self.workers, self.slot_id = cfg, service, workers, slot_id
         # one session actor per slot: its metric series are the slot's
         self.tel = telemetry.setup("session", instance=f"{slot_id}.session" if slot_id else None)
         self.pipeline: Pipeline | None = None  # the slot's chunk pipeline, kept across sessions
@@ -283,4 +283,4 @@ class SessionActor:
         # a gone or stuck scheduler must not stop the session: drop the report
         with contextlib.suppress(RayError, TimeoutError):
             await asyncio.wait_for(asyncio.wrap_future(
-                self.scheduler.report.remote(self.session_id, report).future()), 10.0)
+                self.scheduler.report.remote(self.session_id, report, self.slot_id).future()), 10.0)

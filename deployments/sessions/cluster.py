@@ -1,16 +1,30 @@
-"""The local Ray cluster that `characters serve`, tests and benchmarks run on: start it on loopback, stop it
-and wait for its processes, and ask whether it has GPUs.
+"""The local Ray clusters that `characters serve`, tests, benchmarks and the soak run on, all on loopback:
+`init_local` / `stop_local` (one node, in this process's Ray) and `LoopbackCluster` (a head and worker nodes,
+each a real raylet in a process group of its own, so that one can be killed alone); and whether a cluster
+has GPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 import ray
+from ray._private import ray_constants
 
 from deployments.types import NAMESPACE
 
@@ -88,3 +102,216 @@ def _cluster_processes() -> list[psutil.Process]:
 
 def cluster_has_gpus() -> bool:
     return float(ray.cluster_resources().get("GPU", 0.0)) > 0
+
+
+# ------------------------------------------------------------------------------ several nodes on loopback
+
+#: GCS health checks of a loopback cluster: a raylet that stops answering is marked dead after ~3 s
+#: (Ray's defaults, 3 s x 5 failures, take ~15 s; KubeRay clusters keep those unless told otherwise).
+LOOPBACK_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                          "health_check_timeout_ms": 1000}
+NODE_OBJECT_STORE_BYTES = 256 * 2**20
+NODE_UP = "loopback node up:"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LoopbackNode:
+    """One node of a `LoopbackCluster`: its own raylet (and agents) in a process group of its own."""
+
+    name: str
+    num_gpus: int
+    num_cpus: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    node_id: str = ""  # hex, once registered with the GCS
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # started with start_new_session: the leader of its own group
+
+    def processes(self) -> list[psutil.Process]:
+        """The node's processes: its group (raylet, agents) and every descendant (the raylet's workers,
+        which the raylet starts in process groups of their own)."""
+        try:
+            top = psutil.Process(self.proc.pid)
+            return [top, *top.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+
+class LoopbackCluster:
+    """A real multi-node Ray cluster on this machine's loopback (tests, soak): a head without GPUs, like a
+    KubeRay head, and worker nodes with logical GPUs, each a real raylet in a process group of its own, so
+    that one node can be killed alone (`kill_node`) while the others run on.
+
+    The head is `ray start --head --block`. Worker nodes are started by this module's `node` command, which
+    does what `ray start --address ... --block` does, because Ray's CLI refuses a worker node under
+    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` and, without it, resolves 127.0.0.1 to the machine's outward
+    address (NOTES.md). Every port is picked free; sockets and logs live under one temporary directory that
+    `stop` removes. The driver (this process) connects to the head's raylet.
+    """
+
+    def __init__(self, *, head_cpus: int = 2, system_config: Mapping[str, Any] | None = None,
+                 object_store_bytes: int = NODE_OBJECT_STORE_BYTES) -> None:
+        self.head_cpus, self.object_store_bytes = head_cpus, object_store_bytes
+        self.system_config = dict(LOOPBACK_HEALTH_CHECKS if system_config is None else system_config)
+        self.root = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: socket paths are <= 107 bytes
+        self.env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+        self.head: LoopbackNode | None = None
+        self.nodes: list[LoopbackNode] = []
+        self.address = ""
+
+    def __enter__(self) -> LoopbackCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 90.0) -> str:
+        """Start the head and connect this process to it; returns the GCS address."""
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        ports = {flag: free_port() for flag in ("--dashboard-port", "--dashboard-agent-listen-port",
+                                                "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+                                                "--metrics-export-port", "--ray-client-server-port",
+                                                "--node-manager-port", "--object-manager-port")}
+        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
+               "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", str(self.head_cpus),
+               "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", str(self.root),
+               "--object-store-memory", str(self.object_store_bytes), "--min-worker-port", "0",
+               "--max-worker-port", "0", *([f"--system-config={json.dumps(self.system_config)}"] if self.system_config
+                                           else []),
+               *(x for flag, p in ports.items() for x in (flag, str(p)))]
+        self.head = self._spawn("head", cmd, num_gpus=0, num_cpus=self.head_cpus)
+        os.environ.update(LOOPBACK_ENV)
+        # Ray read RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it was imported; without this, connecting to
+        # "127.0.0.1:port" resolves it to the machine's outward address, where this GCS does not listen.
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.head.proc.poll() is not None:
+                raise RuntimeError(f"the head exited ({self.head.proc.returncode}); see {self.head.log}")
+            try:
+                ray.init(address=self.address, _node_ip_address="127.0.0.1", namespace=NAMESPACE,
+                         configure_logging=False, log_to_driver=False)
+                break
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.head.node_id = ray.get_runtime_context().get_node_id()
+        return self.address
+
+    def add_node(self, *, num_gpus: int, num_cpus: int = 4, resources: Mapping[str, float] | None = None,
+                 name: str | None = None, wait: bool = True, timeout_s: float = 90.0) -> LoopbackNode:
+        """Start a worker node with `num_gpus` logical GPUs; with `wait`, return once the GCS lists it alive."""
+        name = name or f"node{len(self.nodes) + 1}"
+        sockets = self.root / name
+        sockets.mkdir()
+        args = {"address": self.address, "num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources or {}),
+                "sockets": str(sockets), "object_store_bytes": self.object_store_bytes}
+        node = self._spawn(name, [sys.executable, "-m", "deployments.sessions.cluster", "node", json.dumps(args)],
+                           num_gpus=num_gpus, num_cpus=num_cpus)
+        self.nodes.append(node)
+        if wait:
+            self.wait_registered(node, timeout_s)
+        return node
+
+    def wait_registered(self, node: LoopbackNode, timeout_s: float = 90.0) -> str:
+        """The node's id, once all its processes are started and the GCS lists it alive."""
+        deadline = time.monotonic() + timeout_s
+        while not node.node_id:
+            up = [line.split()[-1] for line in node.log.read_text(errors="replace").splitlines()
+                  if line.startswith(NODE_UP)]
+            if up and any(n.get("Alive") and n["NodeID"] == up[0] for n in ray.nodes()):
+                node.node_id = up[0]
+            elif node.proc.poll() is not None or time.monotonic() > deadline:
+                tail = node.log.read_text(errors="replace").splitlines()[-5:]
+                raise RuntimeError(f"node {node.name} did not register within {timeout_s:.0f} s (exit code "
+                                   f"{node.proc.poll()}); the end of its log {node.log}: {tail}")
+            else:
+                time.sleep(0.1)
+        return node.node_id
+
+    def kill_node(self, node: LoopbackNode, *, workers: bool = False) -> None:
+        """SIGKILL the node's process group: its raylet, object store and agents die at once, and its
+        workers (in groups of their own) notice and exit. `workers=True` kills them too, at the same time
+        (a machine or pod that vanishes)."""
+        procs = node.processes() if workers else []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pgid, signal.SIGKILL)
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        node.proc.wait(30)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Disconnect, stop every node (workers first, then the head), kill what is left after `timeout_s`,
+        and remove the cluster's directory: nothing of it is left running."""
+        nodes = [*self.nodes, *([self.head] if self.head else [])]
+        procs = {p.pid: p for node in nodes for p in node.processes()}
+        ray.shutdown()
+        for node in nodes:  # the leader stops its node's processes in order (SIGTERM to the whole group at
+            if node.proc.poll() is None:  # once keeps the head's raylet waiting ~30 s on its agents)
+                node.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(timeout_s)
+        _, alive = psutil.wait_procs(list(procs.values()), timeout=timeout_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=10)
+        for node in nodes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(10)
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.nodes, self.head = [], None
+
+    def _spawn(self, name: str, cmd: list[str], *, num_gpus: int, num_cpus: int) -> LoopbackNode:
+        log = self.root / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        return LoopbackNode(name, num_gpus, num_cpus, proc, log)
+
+
+def _run_node(args: Mapping[str, Any]) -> None:
+    """`python -m deployments.sessions.cluster node '<json>'`: one worker node of a LoopbackCluster, until
+    SIGTERM (its processes stopped in order) or until one of them dies (the rest killed): what
+    `ray start --address ... --block` does for a worker node, on loopback. Prints `node <id> up` when its
+    processes are all started."""
+    import threading
+
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # also during start-up: stop once started
+    params = RayParams(node_ip_address="127.0.0.1", gcs_address=args["address"], num_cpus=args["num_cpus"],
+                       num_gpus=args["num_gpus"], resources=args["resources"],
+                       object_store_memory=args["object_store_bytes"], min_worker_port=0, max_worker_port=0,
+                       node_manager_port=0, dashboard_agent_listen_port=None,
+                       include_log_monitor=False,  # type: ignore[arg-type]  # (Ray's annotation says str; it is a flag)
+                       plasma_store_socket_name=f"{args['sockets']}/plasma",
+                       raylet_socket_name=f"{args['sockets']}/raylet")
+    node = Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False)
+    print(f"{NODE_UP} {node.node_id}", flush=True)
+    while not stop.wait(1.0):
+        if node.dead_processes():
+            print(f"a process of the node died: {node.dead_processes()}", flush=True)
+            node.kill_all_processes(check_alive=False, allow_graceful=False)
+            os._exit(1)
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["node"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python -m deployments.sessions.cluster node '<json>' (started by LoopbackCluster)")
+    _run_node(json.loads(sys.argv[2]))

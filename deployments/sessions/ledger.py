@@ -14,7 +14,8 @@ An adopted slot holds its whole bundle in the new ledger before any request is d
 restarted scheduler never admits onto a bundle that a surviving session holds. Its driver says what
 it runs: nothing (the slot is free), a live session (the slot is leased to it; the scheduler waits
 on `SessionActor.outcome(session_id)`), or an ended one the old scheduler never took (its outcome is
-recorded; the slot was never reset, so it is removed).
+recorded; the slot was never reset, so it is removed). `adopt` enters what was found in the new
+scheduler's books.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from characters.config import SessionConfig
 from deployments.pipeline.workers import STAGES
+from deployments.sessions.book import SessionBook, SessionRecord
+from deployments.sessions.runner import Outcome
 from deployments.sessions.slot import Slot
+from deployments.sessions.slots import SlotManager
 from deployments.types import NAMESPACE
 from placement.actor import node_of, release
 from placement.bundles import PlacementSpec, bundles_for
@@ -119,3 +123,31 @@ def scrap(slot_id: str, pg: PlacementGroup, names: list[str]) -> None:
         with contextlib.suppress(RayError, ValueError):
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
     release(pg)
+
+
+def adopt(found: Discovery, book: SessionBook, slots: SlotManager, owner: str) -> list[SessionRecord]:
+    """Enter the slots and sessions a previous scheduler left into the new one's books (its lock held):
+    free slots free, running sessions leased to their slots (returned: the scheduler waits on each one's
+    end), sessions that ended unobserved recorded, their slots removed."""
+    running = []
+    for f in found.found:
+        slot, d = f.slot, f.session
+        if d is None:  # free
+            slots.adopt(slot, leased=False)
+            continue
+        sess = book.add(book.new(d["spec"], d["status"], started_at=d["started_at"], stats=d["stats"]))
+        sess.actor = slot.driver
+        book.event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
+        o: Outcome | None = d["outcome"]
+        if o is not None:  # ended unobserved: the slot was never reset, so it is removed
+            book.terminal(sess, o.status, o.reason, o.stats)
+            slots.adopt(slot, leased=False)
+            slots.fail(slot.slot_id)
+            continue
+        sess.lease, sess.adopted = slots.adopt(slot, leased=True), True
+        running.append(sess)
+    if found.found or found.removed:
+        log.warning("scheduler %s adopted %d slots (%d sessions) and removed %d it could not adopt: %s", owner,
+                    len(found.found), sum(f.session is not None for f in found.found), len(found.removed),
+                    found.removed)
+    return running

@@ -20,6 +20,12 @@ it) and returned to the pool, or removed (actors killed, placement group removed
 target or any actor failed. A slot's SessionActor lives as long as the slot and drives its sessions
 one after another over one compiled graph (`deployments.pipeline.graph`).
 
+Nodes (`deployments.sessions.membership`). The ledger holds live nodes only: the GCS's table (read every
+NODES_REFRESH_S) less draining nodes (no slot is built there, their free slots are retired) and lost ones,
+seen in that table or sooner by the scheduler's probe of each raylet holding its slots (every PROBE_S). A
+lost node's sessions end FAILED `node_lost: ...` at once (a `recover` one resumes on another node), its
+slots are removed; a node that joins is in the ledger at the next read, and the queue drains onto it.
+
 Faults. A dead worker or session actor ends its session FAILED within a chunk or two (the compiled
 graph raises `ActorDiedError`; a dead SessionActor fails its `outcome` call) and its slot is removed.
 A `recover` session instead resumes on a fresh bundle (`deployments.sessions.recovery`). Slots and session
@@ -40,11 +46,13 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from deployments.pipeline.graph import classify
 from deployments.sessions.book import SessionBook, SessionRecord
 from deployments.sessions.cluster import cluster_has_gpus
-from deployments.sessions.ledger import Discovery, discover
+from deployments.sessions.ledger import adopt, discover
+from deployments.sessions.membership import NODE_LOST, NodeChange, NodeWatch
 from deployments.sessions.recovery import RECOVER_MAX_ATTEMPTS, Resume, recoverable
 from deployments.sessions.runner import Outcome, Report
 from deployments.sessions.slot import Slot
@@ -76,18 +84,24 @@ from placement import (
     commit,
     decide,
     drain,
+    explain_fit,
     free_bundles,
 )
-from placement.actor import alive_nodes, ledger, publish_demand
+from placement.actor import RayletProbe, ledger, node_table, publish_demand
 
 log = logging.getLogger(__name__)
 
-NODES_REFRESH_S = 5.0
+NODES_REFRESH_S = 1.0  # the GCS's node table: joins are seen within this
+PROBE_S = 0.5  # the raylets of nodes holding slots: two missed answers in a row make a node lost
 END_WAIT_S = 5.0  # end_session waits this long for the session to reach ENDED
 PENDING_AUDIO_MAX_BYTES = 16000 * 2 * 2 * 60  # audio held for a session not yet started: 60 s stereo 16 kHz
 
 
 DRAIN_RETRY_AFTER_S = 1.0
+
+
+class NodeLost(RuntimeError):
+    """The node of the session's slot was lost while the scheduler waited on the slot (the message: the reason)."""
 
 
 class SessionScheduler:
@@ -99,7 +113,10 @@ class SessionScheduler:
         self.lock = asyncio.Lock()
         self.queue = AdmissionQueue(service.queue_max)
         self.waiting: list[str] = []  # admitted, waiting for a slot to become free
-        self.nodes: list[dict[str, Any]] = []
+        probe = RayletProbe()
+        self.nodes = NodeWatch(node_table, probe, refresh_s=NODES_REFRESH_S, probe_s=PROBE_S, forget=probe.forget)
+        self.members = self.nodes.members
+        self._lost: dict[str, asyncio.Future[str]] = {}  # session id -> set to why its node was lost
         self.spec: PlacementSpec = bundles_for(self.cfg, use_gpus=bool(service.use_gpus))
         self.use_gpus = service.use_gpus
         self._started = False
@@ -107,7 +124,6 @@ class SessionScheduler:
         self._start_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._demand: int | None = None
-        self._nodes_at = float("-inf")
         self.tele = SchedulerTelemetry(setup("scheduler"))  # OTEL_* of this actor's process (off by default)
         self.book = SessionBook(self.tele, events_max=service.events_max, ended_max=service.ended_max)
         self.sessions = self.book.sessions
@@ -158,7 +174,7 @@ class SessionScheduler:
             if isinstance(decision, Reject):
                 self.tele.decided(adm, "rejected")
                 raise NoCapacity(
-                    f"no whole bundle of {dict(self.spec.demand())} is free and the queue is full "
+                    f"{explain_fit(self._ledger(), self.spec.demand())}, and the queue is full "
                     f"({len(self.queue)}/{self.queue.max_len}); retry after {decision.retry_after_s:.0f} s",
                     decision.retry_after_s)
             if isinstance(decision, Expire):
@@ -169,7 +185,8 @@ class SessionScheduler:
             if isinstance(decision, Enqueue):
                 sess.info.queue_position = decision.position
                 self.tele.queued(adm, decision.position)
-                self.book.event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}")
+                self.book.event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}: "
+                                f"{explain_fit(self._ledger(), self.spec.demand())}")
             else:
                 self._admit(decision, sess)
             self._publish_demand()
@@ -256,11 +273,13 @@ class SessionScheduler:
         return await self.book.events(self.book.get(session_id), after_seq, timeout_s)
 
     # ------------------------------------------------------------------------------ from sessions and ops
-    async def report(self, session_id: str, report: Report) -> None:
-        """A session actor's periodic report: events, stats, and its end once known."""
+    async def report(self, session_id: str, report: Report, slot_id: str | None = None) -> None:
+        """A session actor's periodic report: events, stats, and its end once known. One from a slot the
+        session no longer holds (a lost node's, streaming on for a moment after a recovery) is dropped."""
         await self._start()  # after a restart: the reports of surviving sessions start it
         sess = self.sessions.get(session_id)
-        if sess is None or sess.terminal:
+        if sess is None or sess.terminal or (slot_id is not None and (sess.lease is None or
+                                                                      sess.lease.slot_id != slot_id)):
             return
         sess.info.stats, sess.info.started_at = report.stats, sess.info.started_at or report.started_at
         for d in report.events:
@@ -278,6 +297,11 @@ class SessionScheduler:
         return self.slots.describe(lambda slot_id: [s.info.id for s in self.sessions.values()
                                                     if s.lease and s.lease.slot_id == slot_id and not s.terminal])
 
+    async def debug_nodes(self) -> dict[str, str]:
+        """Node id -> live, draining or lost, as the scheduler sees the cluster (tests and operators)."""
+        await self._start()
+        return self.members.states()
+
     async def shutdown(self) -> None:
         """End every session, drop the queue, remove every slot (tests, redeploys)."""
         self._closing = True
@@ -290,6 +314,7 @@ class SessionScheduler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.nodes.close()
         await asyncio.to_thread(self.tele.tel.flush, 2.0)
 
     # ------------------------------------------------------------------------------ decisions (lock held)
@@ -337,7 +362,7 @@ class SessionScheduler:
         self.tele.snapshot(statuses=[s.info.status.value for s in self.sessions.values()], queue_len=len(self.queue),
                            bundles_free=free_bundles(self._ledger(), self.spec), bundles_used=len(self.slots),
                            slot_states=[self.slots.state(sid) or "unknown" for sid in self.slots.records],
-                           leaked_pgs=self._leaked_pgs)
+                           leaked_pgs=self._leaked_pgs, nodes=self.members.counts(), demand=self._demand or 0)
 
     def _admit(self, admit: Admit, sess: SessionRecord) -> None:
         """A whole bundle is free for `sess`: build a new slot for it (cold start)."""
@@ -357,7 +382,7 @@ class SessionScheduler:
         self._spawn(self._run(sess))
 
     def _ledger(self) -> tuple[Any, ...]:
-        return ledger(self.nodes, self.slots.used())
+        return ledger(self.members.placeable(), self.slots.used())
 
     def _publish_demand(self) -> None:
         want = len(self.slots) + len(self.queue)
@@ -380,8 +405,9 @@ class SessionScheduler:
         assert slot is not None
         outcome = await (self._await_adopted(sess) if sess.adopted else self._drive(sess, slot))
         sess.adopted = False
-        if (sess.spec.recover and outcome.status is SessionStatus.FAILED and recoverable(outcome.reason)
-                and sess.recoveries < RECOVER_MAX_ATTEMPTS):
+        self._lost.pop(sess.info.id, None)
+        if (sess.spec.recover and outcome.status is SessionStatus.FAILED and sess.recoveries < RECOVER_MAX_ATTEMPTS
+                and (recoverable(outcome.reason) or outcome.reason.startswith(NODE_LOST))):
             await self._recover(sess, slot, outcome)
             return
         healthy = outcome.healthy and await self.slots.reset(slot, sess.info.id)
@@ -400,25 +426,41 @@ class SessionScheduler:
             spec = replace(spec, max_duration_s=max(0.5, spec.max_duration_s - (time.time() - sess.info.started_at)))
         sid, actor = spec.session_id, slot.driver  # the slot's SessionActor: it outlives the session
         try:
-            await actor.start.remote(spec, path, ray.get_runtime_context().current_actor, time.time(), sess.resume)
+            await self._unless_lost(sess, actor.start.remote(spec, path, ray.get_runtime_context().current_actor,
+                                                             time.time(), sess.resume))
             sess.actor = actor  # calls naming the session reach it from now on
             for pcm, rate, channels in sess.pending_audio:
                 actor.push_audio.remote(sid, pcm, rate, channels)
             sess.pending_audio.clear()
             if sess.end_reason is not None:
                 actor.stop.remote(sid, sess.end_reason)
-            outcome: Outcome = await actor.outcome.remote(sid)
+            outcome: Outcome = await self._unless_lost(sess, actor.outcome.remote(sid))
             return outcome
+        except NodeLost as lost:
+            return Outcome(SessionStatus.FAILED, str(lost), False, sess.info.stats)
         except RayError as err:
             return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
 
     async def _await_adopted(self, sess: SessionRecord) -> Outcome:
         """The end of a session adopted from a previous scheduler (which started it)."""
         try:
-            outcome: Outcome = await sess.actor.outcome.remote(sess.info.id)
+            outcome: Outcome = await self._unless_lost(sess, sess.actor.outcome.remote(sess.info.id))
             return outcome
+        except NodeLost as lost:
+            return Outcome(SessionStatus.FAILED, str(lost), False, sess.info.stats)
         except RayError as err:
             return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
+
+    async def _unless_lost(self, sess: SessionRecord, ref: Any) -> Any:
+        """`await ref`, unless the node of the session's slot is lost first: then NodeLost (the call is left
+        to fail on its own, its error unread)."""
+        lost = self._lost.setdefault(sess.info.id, asyncio.get_running_loop().create_future())
+        call = asyncio.wrap_future(ref.future())
+        done, _ = await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if call in done:
+            return call.result()
+        call.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise NodeLost(lost.result())
 
     async def _recover(self, sess: SessionRecord, slot: Slot, outcome: Outcome) -> None:
         """A `recover` session lost its bundle: remove it, resume on a free warm slot, else on a new slot
@@ -450,29 +492,6 @@ class SessionScheduler:
                                        f"{outcome.reason}; recovery failed: no whole bundle is free", outcome.stats)
             self._dispatch(time.monotonic())
 
-    def _adopt(self, found: Discovery) -> None:
-        """Take over the slots and sessions a previous scheduler left (lock held; `deployments.sessions.ledger`)."""
-        for f in found.found:
-            slot, d = f.slot, f.session
-            if d is None:  # free
-                self.slots.adopt(slot, leased=False)
-                continue
-            sess = self.book.add(self.book.new(d["spec"], d["status"], started_at=d["started_at"], stats=d["stats"]))
-            sess.actor = slot.driver
-            self.book.event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
-            o: Outcome | None = d["outcome"]
-            if o is not None:  # ended unobserved: the slot was never reset, so it is removed
-                self.book.terminal(sess, o.status, o.reason, o.stats)
-                self.slots.adopt(slot, leased=False)
-                self.slots.fail(slot.slot_id)
-                continue
-            sess.lease, sess.adopted = self.slots.adopt(slot, leased=True), True
-            self._spawn(self._run(sess))
-        if found.found or found.removed:
-            log.warning("scheduler %s adopted %d slots (%d sessions) and removed %d it could not adopt: %s", self.name,
-                        len(found.found), sum(f.session is not None for f in found.found), len(found.removed),
-                        found.removed)
-
     # ------------------------------------------------------------------------------ bookkeeping
     async def _start(self) -> None:
         if self._started:
@@ -480,8 +499,7 @@ class SessionScheduler:
         async with self._start_lock:
             if self._started:
                 return
-            self.nodes = await asyncio.to_thread(alive_nodes)
-            self._nodes_at = time.monotonic()
+            await self.nodes.start()
             if self.use_gpus is None:
                 self.use_gpus = await asyncio.to_thread(cluster_has_gpus)
                 self.spec = bundles_for(self.cfg, use_gpus=self.use_gpus)
@@ -490,7 +508,8 @@ class SessionScheduler:
                     self.slots.ops = RaySlotOps(self.cfg, self.service, owner=self.name, use_gpus=self.use_gpus)
             found = await discover(self.name, self.cfg, use_gpus=bool(self.use_gpus))
             async with self.lock:
-                self._adopt(found)
+                for sess in adopt(found, self.book, self.slots, self.name):
+                    self._spawn(self._run(sess))
             self._started = True
             self._spawn(self._tick())
             async with self.lock:
@@ -499,21 +518,36 @@ class SessionScheduler:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.service.tick_s)
-            if time.monotonic() - self._nodes_at >= NODES_REFRESH_S:
-                self._nodes_at = time.monotonic()
-                try:
-                    nodes = await asyncio.to_thread(alive_nodes)
-                except (RayError, OSError) as err:  # GCS hiccup: keep the last view, try again later
-                    log.warning("could not list the cluster's nodes: %s", err)
-                    continue
-                async with self.lock:
-                    self.nodes = nodes
-                    self.slots.drop_lost_nodes(str(n["NodeID"]) for n in nodes)
+            if self.nodes.due():
                 await self.slots.check_free()
                 if self.tele.tel.metrics:
                     await self._check_placement_groups()
+            changes = await self.nodes.poll(self.slots.used())
             async with self.lock:
+                self._on_nodes(changes)
                 self._dispatch(time.monotonic())
+
+    def _on_nodes(self, changes: list[NodeChange]) -> None:
+        """Apply node changes (lock held; none: still retire what frees on draining nodes): a lost node's
+        sessions fail (or recover) at once and its slots go, a draining node's free slots go."""
+        for change in changes:
+            slots, sessions = self.slots.on_node(change.node_id), 0
+            if change.kind == "lost":
+                for sess in self.book.live():
+                    if sess.lease is not None and sess.lease.slot_id in slots:
+                        sessions += 1
+                        fut = self._lost.setdefault(sess.info.id, asyncio.get_running_loop().create_future())
+                        if not fut.done():
+                            fut.set_result(change.reason)
+            log.warning("node %s %s (seen by %s): %d slots, %d sessions on it", change.node_id, change.detail,
+                        change.by, len(slots), sessions)
+            self.tele.node_changed(change.kind, change.node_id, change.detail, change.by, change.gpus,
+                                   slots=len(slots), sessions=sessions)
+        self.slots.drop_lost_nodes(str(n["NodeID"]) for n in self.members.placeable())
+        lost = [c for c in changes if c.kind == "lost"]
+        while lost and len(self.waiting) > self.slots.counts()["warming"]:  # their slot was being built there
+            self.book.terminal(self.sessions[self.waiting.pop()], SessionStatus.FAILED,
+                               f"{lost[0].reason} while a slot was being built for it; retry")
 
     async def _check_placement_groups(self) -> None:
         """Count slot placement groups that Ray still has and no slot holds (a leak; metrics only)."""
@@ -536,12 +570,14 @@ class SessionScheduler:
             log.error("scheduler task failed", exc_info=task.exception())
 
 
-def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME) -> Any:
+def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME, node_id: str | None = None) -> Any:
     """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one.
-    Ray restarts it when its process dies (same handle); the new instance adopts the slots and
-    sessions its predecessor left (`deployments.sessions.ledger`)."""
+    Ray restarts it when its process dies, on another node when its node died (same handle); the new
+    instance adopts the slots and sessions its predecessor left (`deployments.sessions.ledger`).
+    `node_id`: prefer that node (soft affinity: e.g. the head, which outlives the GPU nodes)."""
+    affinity = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=True)}
     handle: Any = ray.remote(SessionScheduler).options(
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
-        max_concurrency=1000, max_restarts=-1).remote(service, name)
+        max_concurrency=1000, max_restarts=-1, **affinity).remote(service, name)
     handle.capacity.remote()  # starts it: reads the cluster, fills the warm pool
     return handle

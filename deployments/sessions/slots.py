@@ -6,7 +6,8 @@ manager keeps one record per slot (the bundle it holds in the ledger, the built 
 
     add(node) -> build (reserve, workers through their stages, compile the graph) -> free   (on_built)
     free -> acquire() -> leased -> reset(slot, session) -> release(healthy) -> free | removed
-    free / warming on a lost node, a free slot whose worker died idle, a failed build -> removed
+    free / warming on a lost or draining node, a free slot whose worker died idle, a failed build -> removed
+    leased on a lost or draining node -> removed when its session releases it (never handed out again)
     adopt(found)   slots a previous scheduler left on the cluster (`deployments.sessions.ledger`)
 
 `SessionScheduler` decides which session gets which slot and when to add or retire one; it calls the
@@ -105,6 +106,10 @@ class SlotManager:
             used.setdefault(rec.admit.node_id, []).append(rec.admit.demand)
         return used
 
+    def on_node(self, node_id: str) -> set[str]:
+        """The ids of the slots held on `node_id` (any state)."""
+        return {rec.slot_id for rec in self.records.values() if rec.admit.node_id == node_id}
+
     def slot(self, slot_id: str) -> Slot | None:
         rec = self.records.get(slot_id)
         return None if rec is None else rec.slot
@@ -168,8 +173,9 @@ class SlotManager:
         return self.pool.deficit()
 
     def drop_lost_nodes(self, alive: Iterable[str]) -> list[str]:
-        """Slots whose node left the cluster: free and warming ones are removed now (their ids returned), a
-        leased one when its session (which fails with the node) releases it, never to be handed out again."""
+        """Slots on nodes not in `alive` (lost, or draining): free and warming ones are removed now (their ids
+        returned), a leased one when its session releases it (a lost node's session fails with its node; a
+        draining node's runs to its end), never to be handed out again. Idempotent."""
         alive = set(alive)
         lost = [rec.slot_id for rec in self.records.values() if rec.admit.node_id not in alive]
         for slot_id in lost:

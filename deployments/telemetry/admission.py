@@ -7,6 +7,10 @@
 - `slot.build` roots a slot's own trace: a slot outlives sessions (warm pool) or is built before its
   session can start, so it is not a child of any session. A slot built for one session (cold start)
   links to that session's admission span, and every admission links to the build of the slot it got.
+- `cluster.node_joined`, `cluster.node_draining`, `cluster.node_lost`: one short span per node change the
+  scheduler sees (its own trace), with who saw it (the GCS's table or the scheduler's probe of the raylet),
+  the node's GPUs and how many of the scheduler's slots and sessions were on it; the same counted in
+  `characters.node.changes` (and a lost node's sessions in `characters.node.sessions_lost`).
 - Gauges are computed under the scheduler's lock on every dispatch (`snapshot`) and swapped in at
   once; the export thread only reads them.
 """
@@ -119,6 +123,21 @@ class SchedulerTelemetry:
             for stage, s in seconds.items():
                 hist.record(s, {N.WORKER_ROLE: role, N.STAGE: stage})
 
+    # ----------------------------------------------------------------------------- nodes
+    def node_changed(self, kind: str, node_id: str, detail: str, seen_by: str, gpus: float, *, slots: int,
+                     sessions: int) -> None:
+        if self.tel.metrics:
+            self._m[N.NODE_CHANGES.name].record(1, {N.NODE_CHANGE_KIND: kind, N.NODE_SEEN_BY: seen_by})
+            if kind == "lost" and sessions:
+                self._m[N.NODE_SESSIONS_LOST.name].record(sessions, {})
+        if self.tel.traces:
+            span = self.tel.start_span(N.NODE_CHANGE[kind], None, attributes={
+                N.NODE_ID: node_id, N.NODE_CHANGE_KIND: kind, N.NODE_SEEN_BY: seen_by, N.NODE_DETAIL: detail,
+                N.NODE_GPUS: gpus, N.NODE_SLOTS: slots, N.NODE_SESSIONS: sessions})
+            if kind == "lost":
+                fail(span, "node_lost")
+            span.end()
+
     # ----------------------------------------------------------------------------- gauges and counts
     def ended(self, status: str, reason: str) -> None:
         if self.tel.metrics:
@@ -126,7 +145,8 @@ class SchedulerTelemetry:
             self._m[N.SESSIONS_ENDED.name].record(1, {N.SESSION_STATUS: status, N.END_REASON: code})
 
     def snapshot(self, *, statuses: Iterable[str], queue_len: int, bundles_free: int, bundles_used: int,
-                 slot_states: Iterable[str], leaked_pgs: int | None) -> None:
+                 slot_states: Iterable[str], leaked_pgs: int | None, nodes: Mapping[str, int] | None = None,
+                 demand: int = 0) -> None:
         """Swap in the scheduler's gauges (call under its lock; cheap, and only when metrics are on)."""
         m = self._m
         by_status = Counter(statuses)
@@ -137,6 +157,8 @@ class SchedulerTelemetry:
         m[N.SLOTS.name].set_all({((N.SLOT_STATE, s),): float(n) for s, n in Counter(slot_states).items()})
         if leaked_pgs is not None:
             m[N.LEAKED_PGS.name].set_all({(): float(leaked_pgs)})
+        m[N.NODES.name].set_all({((N.NODE_STATE, s),): float(n) for s, n in (nodes or {}).items()})
+        m[N.AUTOSCALER_DEMAND.name].set_all({(): float(demand)})
 
 
 def leaked_placement_groups(table: Mapping[str, Mapping[str, Any]], held: Iterable[str], prefix: str = "slot-") -> int:

@@ -27,6 +27,7 @@ SESSION_COMPILE = "session.compile"  # the chunk graph compiled
 SESSION_END = "session.end"  # stop noticed -> pipeline torn down, output closed (summary attributes)
 CHUNK = "chunk"  # one chunk: submitted -> published (sampled: see deployments.telemetry.session)
 CHUNK_STAGE = {s: f"chunk.{s}" for s in CHUNK_STAGES}  # dit, cache_write, handoff, decode, publish
+NODE_CHANGE = {k: f"cluster.node_{k}" for k in ("joined", "draining", "lost")}  # the scheduler saw a node change
 
 
 def http_span_name(method: str, route: str) -> str:
@@ -85,6 +86,13 @@ DELIVERED_FPS = "characters.playout.delivered_fps"
 BUFFER_S = "characters.playout.buffer_s"
 AV_OFFSET_S = "characters.playout.av_offset_s"
 SLOT_STATE = "characters.slot.state"  # warming | free | leased | draining (placement.WarmPool)
+NODE_CHANGE_KIND = "characters.node.change"  # joined | draining | lost
+NODE_STATE = "characters.node.state"  # live | draining | lost (deployments.sessions.membership)
+NODE_SEEN_BY = "characters.node.seen_by"  # gcs (its node table) | probe (the scheduler's raylet health check)
+NODE_DETAIL = "characters.node.detail"  # e.g. "stopped answering (2 health checks of its raylet failed in a row)"
+NODE_GPUS = "characters.node.gpus"
+NODE_SLOTS = "characters.node.slots"  # the scheduler's slots on the node when it changed
+NODE_SESSIONS = "characters.node.sessions"  # its sessions there that the change failed (lost) or left running
 
 
 def phase_key(phase: str) -> str:
@@ -147,10 +155,21 @@ LEAKED_PGS = MetricSpec("characters.placement_groups.leaked", "gauge", "{group}"
 SESSIONS_ENDED = MetricSpec("characters.sessions.ended", "counter", "{session}", "Sessions that reached ENDED or "
                             "FAILED, by reason code", "characters_sessions_ended_total",
                             (SESSION_STATUS, END_REASON))
+NODES = MetricSpec("characters.nodes", "gauge", "{node}", "Nodes as the scheduler sees them, by state (live: "
+                   "slots may be built there)", "characters_nodes", (NODE_STATE,))
+NODE_CHANGES = MetricSpec("characters.node.changes", "counter", "{change}", "Nodes that joined, started draining "
+                          "or were lost, by who saw it first", "characters_node_changes_total",
+                          (NODE_CHANGE_KIND, NODE_SEEN_BY))
+NODE_SESSIONS_LOST = MetricSpec("characters.node.sessions_lost", "counter", "{session}", "Sessions whose node "
+                                "was lost under them (each FAILED or recovering)",
+                                "characters_node_sessions_lost_total")
+AUTOSCALER_DEMAND = MetricSpec("characters.autoscaler.demand", "gauge", "{bundle}", "Session bundles the scheduler "
+                               "asks the autoscaler to fit (live slots + queued requests; request_resources)",
+                               "characters_autoscaler_demand")
 WORKER_STAGE_DURATION = MetricSpec(
     "characters.worker.stage.duration", "histogram", "s", "Time of one worker start-up stage",
     "characters_worker_stage_duration_seconds", (WORKER_ROLE, STAGE), WAIT_BUCKETS_S)
 
 METRICS = (CHUNK_STAGE_DURATION, CHUNK_LATENCY, CHUNKS, LATE_CHUNKS, SESSION_FPS, SESSION_BUFFER, SESSION_AV_OFFSET,
            ADMISSION_WAIT, QUEUE_LENGTH, BUNDLES_FREE, BUNDLES_USED, SESSIONS, SLOTS, LEAKED_PGS, SESSIONS_ENDED,
-           WORKER_STAGE_DURATION)
+           NODES, NODE_CHANGES, NODE_SESSIONS_LOST, AUTOSCALER_DEMAND, WORKER_STAGE_DURATION)

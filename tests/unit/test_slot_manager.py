@@ -1,5 +1,5 @@
 """`SlotManager`, the slot lifecycle of the scheduler, constructed directly with plain slot operations (no Ray):
-build -> free -> leased -> reset -> free or removed; failed builds, lost nodes, workers dead while idle,
+build -> free -> leased -> reset -> free or removed; failed builds, lost and draining nodes, workers dead while idle,
 surplus slots, adopted slots, and a shutdown during a build."""
 
 from __future__ import annotations
@@ -140,6 +140,27 @@ def test_slots_of_a_lost_node_go_but_a_leased_one_waits_for_its_session():
         await h.settle()
         assert warming_id not in h.slots and warming_id in h.ops.destroyed  # built after it was dropped
         assert [b[0] for b in h.built] == [leased_id, free_id, kept_id]  # the dropped build was not announced
+    run(go())
+
+
+def test_a_draining_node_keeps_its_running_session_but_no_slot_returns_to_the_pool_there():
+    """The scheduler passes the live nodes only, so a draining node is dropped like a lost one: what is free
+    there goes now, the leased slot when its session ends (healthy or not), and `on_node` names them all."""
+    async def go() -> None:
+        h = Harness(target=3)
+        busy_id, idle_id, other_id = h.slots.add("node-d"), h.slots.add("node-d"), h.slots.add("node-a")
+        await h.settle()
+        assert h.slots.on_node("node-d") == {busy_id, idle_id} and h.slots.on_node("gone") == set()
+        lease = h.slots.acquire()
+        assert lease is not None and lease.slot_id == busy_id
+        for _ in range(3):  # every tick: idempotent
+            h.slots.drop_lost_nodes(["node-a"])
+        assert h.ops.destroyed == [idle_id] and h.slots.on_node("node-d") == {busy_id}
+        assert h.slots.deficit() == 1  # the scheduler may build the replacement on a live node
+        h.slots.release(lease, healthy=True)  # the session ran to its end
+        assert h.ops.destroyed == [idle_id, busy_id] and h.slots.on_node("node-d") == set()
+        assert h.slots.acquire() is not None and h.slots.acquire() is None  # only node-a's slot is handed out
+        assert h.slots.used() == {"node-a": [DEMAND]} and other_id in h.slots
     run(go())
 
 
