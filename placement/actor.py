@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -169,3 +169,31 @@ def publish_demand(specs: Sequence[PlacementSpec]) -> bool:
         log.warning("could not publish the demand of %d sessions to the autoscaler: %s", len(specs), err)
         return False
     return True
+
+
+class DemandPublisher:
+    """`publish_demand` of the latest demand, one call at a time, off the event loop: calls racing in threads
+    could leave an older request in the GCS than the last one made. `spawn` runs a coroutine as a task."""
+
+    def __init__(self, spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.spawn = spawn
+        self.want: list[PlacementSpec] = []
+        self._asked = False  # nothing asked yet: the first call publishes even an empty demand
+        self._busy = False
+
+    def publish(self, specs: Sequence[PlacementSpec]) -> None:
+        if self._asked and list(specs) == self.want:
+            return
+        self.want, self._asked = list(specs), True
+        if not self._busy:
+            self._busy = True
+            self.spawn(self._run())
+
+    async def _run(self) -> None:
+        sent: list[PlacementSpec] | None = None
+        try:
+            while sent != self.want:
+                sent = self.want
+                await asyncio.to_thread(publish_demand, sent)
+        finally:
+            self._busy = False

@@ -309,7 +309,8 @@ def explain_fit(nodes: Iterable[NodeCapacity], demand: Mapping[str, float]) -> s
     if best_fit(nodes, demand) is not None:
         return f"a bundle of {want} is free, but it is owed to the requests queued ahead (FIFO)"
     main = "GPU" if to_units(demand.get("GPU", 0.0)) > 0 else next(iter(sorted(demand)), "CPU")
-    roomiest = max(nodes, key=lambda n: (to_units(n.free.get(main, 0.0)), n.node_id))
+    order = [main, *sorted(k for k in demand if k != main)]
+    roomiest = max(nodes, key=lambda n: (*(to_units(n.free.get(k, 0.0)) for k in order), n.node_id))
     total = {k: sum(to_units(n.free.get(k, 0.0)) for n in nodes) / RESOURCE_UNITS for k in demand}
     return (f"no node has a whole bundle of {want} free (a session's bundle must fit one node, STRICT_PACK): the "
             f"roomiest of {len(nodes)} nodes has {_fmt({k: roomiest.free.get(k, 0.0) for k in demand})} free, "

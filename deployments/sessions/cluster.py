@@ -130,6 +130,7 @@ class LoopbackNode:
     proc: subprocess.Popen[bytes]
     log: Path
     node_id: str = ""  # hex, once registered with the GCS
+    registered_at: float = 0.0  # time.time() when the GCS was first seen to list it alive
 
     @property
     def pgid(self) -> int:
@@ -158,11 +159,15 @@ class LoopbackCluster:
     """
 
     def __init__(self, *, head_cpus: int = 2, system_config: Mapping[str, Any] | None = None,
-                 object_store_bytes: int = NODE_OBJECT_STORE_BYTES) -> None:
+                 object_store_bytes: int = NODE_OBJECT_STORE_BYTES, autoscaler_v2: bool = True) -> None:
         self.head_cpus, self.object_store_bytes = head_cpus, object_store_bytes
         self.system_config = dict(LOOPBACK_HEALTH_CHECKS if system_config is None else system_config)
         self.root = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: socket paths are <= 107 bytes
-        self.env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+        # Token auth off: every port is on 127.0.0.1. Autoscaler v2, as our RayService runs it
+        # (`autoscalerOptions.version: v2`): demand published with `request_resources` is kept in the GCS
+        # as a cluster resource constraint, where KubeRay's autoscaler reads it.
+        self.env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                    **({"RAY_enable_autoscaler_v2": "1"} if autoscaler_v2 else {})}
         self.head: LoopbackNode | None = None
         self.nodes: list[LoopbackNode] = []
         self.address = ""
@@ -225,19 +230,24 @@ class LoopbackCluster:
         return node
 
     def wait_registered(self, node: LoopbackNode, timeout_s: float = 90.0) -> str:
-        """The node's id, once all its processes are started and the GCS lists it alive."""
+        """The node's id, once the GCS lists its raylet alive (`registered_at`: when this first saw that) and
+        the node's processes are all started."""
+        raylet = str(self.root / node.name / "raylet")
         deadline = time.monotonic() + timeout_s
         while not node.node_id:
+            if not node.registered_at and any(n.get("Alive") and n.get("RayletSocketName") == raylet
+                                              for n in ray.nodes()):
+                node.registered_at = time.time()
             up = [line.split()[-1] for line in node.log.read_text(errors="replace").splitlines()
                   if line.startswith(NODE_UP)]
-            if up and any(n.get("Alive") and n["NodeID"] == up[0] for n in ray.nodes()):
+            if up and node.registered_at:
                 node.node_id = up[0]
             elif node.proc.poll() is not None or time.monotonic() > deadline:
                 tail = node.log.read_text(errors="replace").splitlines()[-5:]
                 raise RuntimeError(f"node {node.name} did not register within {timeout_s:.0f} s (exit code "
                                    f"{node.proc.poll()}); the end of its log {node.log}: {tail}")
             else:
-                time.sleep(0.1)
+                time.sleep(0.05)
         return node.node_id
 
     def kill_node(self, node: LoopbackNode, *, workers: bool = False) -> None:

@@ -87,7 +87,7 @@ from placement import (
     explain_fit,
     free_bundles,
 )
-from placement.actor import RayletProbe, ledger, node_table, publish_demand
+from placement.actor import DemandPublisher, RayletProbe, ledger, node_table
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +117,14 @@ class SessionScheduler:
         self.nodes = NodeWatch(node_table, probe, refresh_s=NODES_REFRESH_S, probe_s=PROBE_S, forget=probe.forget)
         self.members = self.nodes.members
         self._lost: dict[str, asyncio.Future[str]] = {}  # session id -> set to why its node was lost
+        self._why: dict[str, str] = {}  # queued session id -> why it waits, as last told (an event each change)
         self.spec: PlacementSpec = bundles_for(self.cfg, use_gpus=bool(service.use_gpus))
         self.use_gpus = service.use_gpus
         self._started = False
         self._closing = False
         self._start_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._demand: int | None = None
+        self.demand = DemandPublisher(self._spawn)  # to the autoscaler: live slots + queued requests
         self.tele = SchedulerTelemetry(setup("scheduler"))  # OTEL_* of this actor's process (off by default)
         self.book = SessionBook(self.tele, events_max=service.events_max, ended_max=service.ended_max)
         self.sessions = self.book.sessions
@@ -185,8 +186,7 @@ class SessionScheduler:
             if isinstance(decision, Enqueue):
                 sess.info.queue_position = decision.position
                 self.tele.queued(adm, decision.position)
-                self.book.event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}: "
-                                f"{explain_fit(self._ledger(), self.spec.demand())}")
+                self._queued_why(sess, decision.position, explain_fit(self._ledger(), self.spec.demand()))
             else:
                 self._admit(decision, sess)
             self._publish_demand()
@@ -347,11 +347,20 @@ class SessionScheduler:
                 if node is None:
                     break
                 self.slots.add(node.node_id)
+        why = explain_fit(self._ledger(), self.spec.demand()) if len(self.queue) else ""
         for i, sid in enumerate(self.queue.ids):
-            self.sessions[sid].info.queue_position = i + 1
+            self._queued_why(self.sessions[sid], i + 1, why)
+        self._why = {sid: w for sid, w in self._why.items() if sid in self.queue}
         self._publish_demand()
         if self.tele.tel.metrics:
             self._snapshot()
+
+    def _queued_why(self, sess: SessionRecord, position: int, why: str) -> None:
+        """A queued session's place, and an event whenever why it waits changes (a node joined, a slot freed)."""
+        sess.info.queue_position = position
+        if self._why.get(sess.info.id) != why:
+            self._why[sess.info.id] = why
+            self.book.event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {position}: {why}")
 
     def _recovering(self) -> bool:
         return any(s.resume is not None and s.info.status is not SessionStatus.RUNNING and not s.terminal
@@ -362,7 +371,7 @@ class SessionScheduler:
         self.tele.snapshot(statuses=[s.info.status.value for s in self.sessions.values()], queue_len=len(self.queue),
                            bundles_free=free_bundles(self._ledger(), self.spec), bundles_used=len(self.slots),
                            slot_states=[self.slots.state(sid) or "unknown" for sid in self.slots.records],
-                           leaked_pgs=self._leaked_pgs, nodes=self.members.counts(), demand=self._demand or 0)
+                           leaked_pgs=self._leaked_pgs, nodes=self.members.counts(), demand=len(self.demand.want))
 
     def _admit(self, admit: Admit, sess: SessionRecord) -> None:
         """A whole bundle is free for `sess`: build a new slot for it (cold start)."""
@@ -385,10 +394,7 @@ class SessionScheduler:
         return ledger(self.members.placeable(), self.slots.used())
 
     def _publish_demand(self) -> None:
-        want = len(self.slots) + len(self.queue)
-        if want != self._demand:
-            self._demand = want
-            self._spawn(asyncio.to_thread(publish_demand, [self.spec] * want))
+        self.demand.publish([self.spec] * (len(self.slots) + len(self.queue)))
 
     # ------------------------------------------------------------------------------ tasks
     def _on_built(self, slot_id: str, error: str | None) -> None:

@@ -1,6 +1,6 @@
 """Cluster membership as the scheduler sees it (`deployments.sessions.membership`), on plain values: the GCS's
-table and the raylet probes merged, each change reported once; `NodeWatch` on virtual tables and probes; and
-`placement.explain_fit`, the reason a request is queued or refused."""
+table and the raylet probes merged, each change reported once; `NodeWatch` on virtual tables and probes;
+`placement.explain_fit`, the reason a request is queued or refused; and the autoscaler demand's publisher."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
+from characters.config import TopologyConfig
 from deployments.sessions.membership import Membership, NodeChange, NodeWatch
 from placement import NodeCapacity, explain_fit
+
+TOPO_1P1 = TopologyConfig(name="dit1+decoder1", dit_ranks=1, decoder_gpus=1)
 
 
 def row(nid: str, *, alive: bool = True, gpus: float = 4, port: int = 7000, why: str = "") -> dict[str, Any]:
@@ -136,3 +139,50 @@ def test_explain_fit_says_when_free_gpus_add_up_but_no_single_node_has_a_bundle(
     assert explain_fit([], {"GPU": 1.0}) == "no node is live to place a bundle of {GPU: 1} on"
     cpu_only = explain_fit([node("a", 0, cpu=1.5)], {"CPU": 2.0})
     assert cpu_only.endswith("the roomiest of 1 nodes has {CPU: 1.5} free, all of them together {CPU: 1.5}")
+
+
+def test_the_demand_publisher_sends_one_request_at_a_time_and_the_last_one_is_the_latest(monkeypatch):
+    """(`placement.actor.DemandPublisher`: `request_resources` calls racing in threads once left an older
+    demand in the GCS than the scheduler's last.)"""
+    import threading
+
+    from placement import actor, bundles_for
+    from placement.actor import DemandPublisher
+
+    spec = bundles_for(TOPO_1P1, use_gpus=True)
+    sent: list[int] = []
+    inside = threading.Lock()
+
+    def slow_publish(specs: Any) -> bool:
+        assert inside.acquire(blocking=False), "two publishes at once"
+        try:
+            threading.Event().wait(0.05)
+            sent.append(len(specs))
+        finally:
+            inside.release()
+        return True
+
+    monkeypatch.setattr(actor, "publish_demand", slow_publish)
+
+    async def go() -> None:
+        tasks: list[asyncio.Task[Any]] = []
+        pub = DemandPublisher(lambda coro: tasks.append(asyncio.get_running_loop().create_task(coro)))
+        pub.publish([])  # the first call publishes even an empty demand
+        for n in (1, 2, 3):
+            pub.publish([spec] * n)
+            await asyncio.sleep(0)
+        pub.publish([spec] * 3)  # unchanged: nothing more
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(0.01)
+        assert sent[-1] == 3 and len(sent) <= 2 and len(tasks) == 1  # the in-between values may be skipped
+        pub.publish([spec])
+        await asyncio.gather(*tasks)
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(0.01)
+        assert sent[-1] == 1 and len(tasks) == 2 and len(pub.want) == 1
+        fresh = DemandPublisher(lambda coro: tasks.append(asyncio.get_running_loop().create_task(coro)))
+        fresh.publish([])  # a new scheduler clears what a predecessor asked for
+        await asyncio.gather(*tasks)
+        assert sent[-1] == 0 and len(tasks) == 3
+
+    asyncio.run(go())
