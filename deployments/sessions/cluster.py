@@ -179,55 +179,77 @@ class LoopbackCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout_s: float = 90.0) -> str:
-        """Start the head and connect this process to it; returns the GCS address."""
+    def start(self, timeout_s: float = 90.0, attempts: int = 2) -> str:
+        """Start the head and connect this process to it; returns the GCS address. A head that exits while
+        starting (its raylet missed Ray's 30 s registration on a loaded machine) is killed and started
+        again, `attempts` times in all."""
+        os.environ.update(LOOPBACK_ENV)
+        # Ray read RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it was imported; without this, connecting to
+        # "127.0.0.1:port" resolves it to the machine's outward address, where this GCS does not listen.
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        for attempt in range(1, attempts + 1):
+            self.head = self._spawn("head", self._head_command(), num_gpus=0, num_cpus=self.head_cpus)
+            deadline = time.monotonic() + timeout_s
+            while self.head.proc.poll() is None:
+                try:
+                    ray.init(address=self.address, _node_ip_address="127.0.0.1", namespace=NAMESPACE,
+                             configure_logging=False, log_to_driver=False)
+                    self.head.node_id = ray.get_runtime_context().get_node_id()
+                    return self.address
+                except ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            tail = self.head.log.read_text(errors="replace").splitlines()[-5:]
+            if attempt == attempts:
+                raise RuntimeError(f"the head exited ({self.head.proc.returncode}); the end of {self.head.log}: {tail}")
+            log.warning("the loopback head did not start (attempt %d of %d): %s", attempt, attempts, tail)
+            _kill_group(self.head.pgid)
+            self.head.log.rename(self.head.log.with_suffix(f".{attempt}.log"))
+        raise AssertionError("unreachable")
+
+    def _head_command(self) -> list[str]:
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         ports = {flag: free_port() for flag in ("--dashboard-port", "--dashboard-agent-listen-port",
                                                 "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
                                                 "--metrics-export-port", "--ray-client-server-port",
                                                 "--node-manager-port", "--object-manager-port")}
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
-               "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", str(self.head_cpus),
-               "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", str(self.root),
-               "--object-store-memory", str(self.object_store_bytes), "--min-worker-port", "0",
-               "--max-worker-port", "0", *([f"--system-config={json.dumps(self.system_config)}"] if self.system_config
-                                           else []),
-               *(x for flag, p in ports.items() for x in (flag, str(p)))]
-        self.head = self._spawn("head", cmd, num_gpus=0, num_cpus=self.head_cpus)
-        os.environ.update(LOOPBACK_ENV)
-        # Ray read RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it was imported; without this, connecting to
-        # "127.0.0.1:port" resolves it to the machine's outward address, where this GCS does not listen.
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.head.proc.poll() is not None:
-                raise RuntimeError(f"the head exited ({self.head.proc.returncode}); see {self.head.log}")
-            try:
-                ray.init(address=self.address, _node_ip_address="127.0.0.1", namespace=NAMESPACE,
-                         configure_logging=False, log_to_driver=False)
-                break
-            except ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        self.head.node_id = ray.get_runtime_context().get_node_id()
-        return self.address
+        config = [f"--system-config={json.dumps(self.system_config)}"] if self.system_config else []
+        return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
+                "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", str(self.head_cpus),
+                "--num-gpus", "0", "--include-dashboard", "false", "--temp-dir", str(self.root),
+                "--object-store-memory", str(self.object_store_bytes), "--min-worker-port", "0",
+                "--max-worker-port", "0", *config, *(x for flag, p in ports.items() for x in (flag, str(p)))]
 
     def add_node(self, *, num_gpus: int, num_cpus: int = 4, resources: Mapping[str, float] | None = None,
-                 name: str | None = None, wait: bool = True, timeout_s: float = 90.0) -> LoopbackNode:
-        """Start a worker node with `num_gpus` logical GPUs; with `wait`, return once the GCS lists it alive."""
+                 name: str | None = None, timeout_s: float = 90.0, attempts: int = 2) -> LoopbackNode:
+        """Start a worker node with `num_gpus` logical GPUs; return once the GCS lists it alive. Ray gives a
+        raylet 30 s to register; on a loaded small machine it can miss that and the node exits: its processes
+        are then killed and it is started again, `attempts` times in all (the failed try's log kept beside)."""
         name = name or f"node{len(self.nodes) + 1}"
-        sockets = self.root / name
-        sockets.mkdir()
-        args = {"address": self.address, "num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources or {}),
-                "sockets": str(sockets), "object_store_bytes": self.object_store_bytes}
-        node = self._spawn(name, [sys.executable, "-m", "deployments.sessions.cluster", "node", json.dumps(args)],
-                           num_gpus=num_gpus, num_cpus=num_cpus)
-        self.nodes.append(node)
-        if wait:
-            self.wait_registered(node, timeout_s)
-        return node
+        for attempt in range(1, attempts + 1):
+            sockets = self.root / name
+            sockets.mkdir()
+            args = {"address": self.address, "num_cpus": num_cpus, "num_gpus": num_gpus,
+                    "resources": dict(resources or {}), "sockets": str(sockets),
+                    "object_store_bytes": self.object_store_bytes}
+            node = self._spawn(name, [sys.executable, "-m", "deployments.sessions.cluster", "node", json.dumps(args)],
+                               num_gpus=num_gpus, num_cpus=num_cpus)
+            try:
+                self.wait_registered(node, timeout_s)
+            except RuntimeError as err:
+                if attempt == attempts:
+                    raise
+                log.warning("loopback node %s did not start (attempt %d of %d): %s", name, attempt, attempts, err)
+                _kill_group(node.pgid)
+                node.proc.wait(10)
+                node.log.rename(node.log.with_suffix(f".{attempt}.log"))
+                shutil.rmtree(sockets, ignore_errors=True)
+                continue
+            self.nodes.append(node)
+            return node
+        raise AssertionError("unreachable")
 
     def wait_registered(self, node: LoopbackNode, timeout_s: float = 90.0) -> str:
         """The node's id, once the GCS lists its raylet alive (`registered_at`: when this first saw that) and
@@ -262,9 +284,10 @@ class LoopbackCluster:
                 proc.kill()
         node.proc.wait(30)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0, keep_logs: Path | None = None) -> None:
         """Disconnect, stop every node (workers first, then the head), kill what is left after `timeout_s`,
-        and remove the cluster's directory: nothing of it is left running."""
+        and remove the cluster's directory (its logs moved to `keep_logs` first, when given): nothing of it
+        is left running."""
         nodes = [*self.nodes, *([self.head] if self.head else [])]
         procs = {p.pid: p for node in nodes for p in node.processes()}
         ray.shutdown()
@@ -281,6 +304,13 @@ class LoopbackCluster:
         for node in nodes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.proc.wait(10)
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for path in self.root.glob("*.log"):
+                shutil.move(str(path), keep_logs / path.name)
+            for path in self.root.glob("session_*"):
+                if not path.is_symlink() and (path / "logs").is_dir():
+                    shutil.move(str(path / "logs"), keep_logs / "logs")
         shutil.rmtree(self.root, ignore_errors=True)
         self.nodes, self.head = [], None
 
@@ -290,6 +320,22 @@ class LoopbackCluster:
             proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         return LoopbackNode(name, num_gpus, num_cpus, proc, log)
+
+
+def _kill_group(pgid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process of group `pgid` (its leader may be gone already) and wait until none is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        members = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    members.append(proc)
+        if not members:
+            return
+        time.sleep(0.1)
 
 
 def _run_node(args: Mapping[str, Any]) -> None:
