@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import ray
@@ -87,16 +87,17 @@ def node_table() -> tuple[list[dict[str, Any]], set[str]]:
 
 class RayletProbe:
     """The gRPC health check of a node's raylet (`grpc.health.v1.Health/Check`, what the GCS sends it), one
-    channel per node kept open. Any answer counts as alive, a refusal of the call included (e.g. under
-    token authentication); only no connection or no answer within the timeout is a failure."""
+    channel per node kept open: "ok" for any answer, a refusal of the call included (e.g. under token
+    authentication); "refused" when nothing listens there (the connection is refused: the raylet is gone);
+    "silent" when no answer came within the timeout (a slow raylet, or a machine gone from the network)."""
 
     METHOD = "/grpc.health.v1.Health/Check"
 
-    def __init__(self, timeout_s: float = 0.5) -> None:
+    def __init__(self, timeout_s: float = 1.0) -> None:
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def __call__(self, address: str) -> bool:
+    async def __call__(self, address: str) -> Literal["ok", "refused", "silent"]:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
@@ -104,8 +105,11 @@ class RayletProbe:
         try:
             await check(b"", timeout=self.timeout_s, wait_for_ready=False)  # HealthCheckRequest(service="")
         except grpc.aio.AioRpcError as err:
-            return err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        return True
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                return "refused"
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "silent"
+        return "ok"
 
     async def forget(self, keep: Iterable[str]) -> None:
         """Close the channels of addresses not in `keep`."""

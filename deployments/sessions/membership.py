@@ -9,8 +9,11 @@ A node is one of
     live      listed alive by the GCS and answering its probes: slots may be built on it
     draining  the GCS marks it draining (a preemption notice, a scale-down, `ray drain-node`): its
               sessions run on, but no slot is built there and its free warm slots are retired, so it can go
-    lost      the GCS lists it dead or no longer lists it, or its raylet failed `failures` probes in a row:
-              every slot on it is gone (its sessions end FAILED `node_lost: ...`, or resume elsewhere)
+    lost      the GCS lists it dead or no longer lists it, or its raylet stopped answering its probes:
+              refused `failures` of them in a row (the process is gone: nothing listens on its port), or
+              gave no answer for `silent_s` (a machine gone from the network; a raylet that is merely slow
+              still answers within that): every slot on it is gone (its sessions end FAILED
+              `node_lost: ...`, or resume elsewhere)
 
 Why probe: Ray marks a node dead only once its health checks fail (`health_check_period_ms` x
 `health_check_failure_threshold`, 3 s x 5 by default, so ~15 s), and the workers of a node whose raylet
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 NodeState = Literal["live", "draining", "lost"]
 ChangeKind = Literal["joined", "draining", "lost"]
+Answer = Literal["ok", "refused", "silent"]  # a probe's: answered; connection refused; no answer in time
 
 NODE_LOST = "node_lost"  # the reason code of a session whose node was lost
 
@@ -63,15 +67,17 @@ class _Node:
     row: Mapping[str, Any]  # the GCS's row (`ray.nodes()`)
     state: NodeState
     failures: int = 0  # probes failed in a row
+    failing_since: float | None = None  # when the first of them was made
 
 
 class Membership:
     """The nodes of the cluster and their states (see the module docstring)."""
 
-    def __init__(self, failures: int = 2) -> None:
-        if failures < 1:
-            raise ValueError(f"failures={failures} must be >= 1 (probes failed in a row that make a node lost)")
-        self.failures = failures
+    def __init__(self, failures: int = 2, silent_s: float = 5.0) -> None:
+        if failures < 1 or silent_s <= 0:
+            raise ValueError(f"failures={failures} must be >= 1 (refused probes in a row that make a node lost) and "
+                             f"silent_s={silent_s} > 0 (seconds without an answer that do)")
+        self.failures, self.silent_s = failures, silent_s
         self._nodes: dict[str, _Node] = {}
         self._draining: set[str] = set()
         self._synced = False
@@ -148,23 +154,31 @@ class Membership:
         self._synced = True
         return changes
 
-    def probed(self, node_id: str, answered: bool) -> NodeChange | None:
-        """A probe of the node's raylet answered or not; the change it makes, if any."""
+    def probed(self, node_id: str, answer: Answer, now: float) -> NodeChange | None:
+        """A probe of the node's raylet (made at `now`, on the caller's clock) got `answer`; the change it
+        makes, if any."""
         node = self._nodes.get(node_id)
         if node is None:
             return None
-        if answered:
-            node.failures = 0
+        if answer == "ok":
+            node.failures, node.failing_since = 0, None
             if node.state == "lost":
                 node.state = "draining" if node_id in self._draining else "live"
                 return NodeChange("joined", node_id, "is answering again", "probe", _gpus(node.row))
             return None
         node.failures += 1
-        if node.state != "lost" and node.failures >= self.failures:
-            node.state = "lost"
-            return NodeChange("lost", node_id, f"stopped answering ({node.failures} health checks of its raylet "
-                              "failed in a row)", "probe", _gpus(node.row))
-        return None
+        node.failing_since = now if node.failing_since is None else node.failing_since
+        if node.state == "lost":
+            return None
+        if answer == "refused" and node.failures >= self.failures:
+            detail = f"stopped answering (its raylet refused {node.failures} health checks in a row)"
+        elif now - node.failing_since >= self.silent_s:
+            detail = f"stopped answering (no answer to its raylet's health checks for {now - node.failing_since:.1f} s)"
+        else:
+            return None
+        node.state = "lost"
+        return NodeChange("lost", node_id, detail, "probe", _gpus(node.row))
+
 
 def _gpus(row: Mapping[str, Any]) -> float:
     return float(dict(row.get("Resources") or {}).get("GPU", 0.0))
@@ -177,10 +191,10 @@ class NodeWatch:
     """`Membership` kept current: the table read every `refresh_s` (off the event loop), the raylets of the
     nodes holding slots probed every `probe_s`; `poll` returns what changed since the last call."""
 
-    def __init__(self, table: Callable[[], Table], probe: Callable[[str], Awaitable[bool]], *,
-                 refresh_s: float = 1.0, probe_s: float = 0.5, failures: int = 2,
+    def __init__(self, table: Callable[[], Table], probe: Callable[[str], Awaitable[Answer]], *,
+                 refresh_s: float = 1.0, probe_s: float = 0.5, failures: int = 2, silent_s: float = 5.0,
                  forget: Callable[[Iterable[str]], Awaitable[None]] | None = None) -> None:
-        self.members = Membership(failures)
+        self.members = Membership(failures, silent_s)
         self.table, self.probe, self.forget = table, probe, forget
         self.refresh_s, self.probe_s = refresh_s, probe_s
         self._read_at = self._probed_at = float("-inf")
@@ -209,7 +223,9 @@ class NodeWatch:
             answers = await asyncio.gather(*(self.probe(a) for a in targets.values()))
             if self.forget is not None:
                 await self.forget(targets.values())
-            changes += [c for nid, ok in zip(targets, answers, strict=True) if (c := self.members.probed(nid, ok))]
+            now = time.monotonic()
+            changes += [c for nid, answer in zip(targets, answers, strict=True)
+                        if (c := self.members.probed(nid, answer, now))]
         return changes
 
     async def close(self) -> None:

@@ -42,28 +42,43 @@ def test_the_first_table_is_the_baseline_and_later_ones_report_joins_and_losses_
     assert m.states() == {"head": "live"} and [r["NodeID"] for r in m.placeable()] == ["head"]
 
 
-def test_two_failed_probes_in_a_row_lose_a_node_before_the_gcs_does_and_the_gcs_then_changes_nothing():
-    m = Membership(failures=2)
+def test_two_refused_probes_in_a_row_lose_a_node_before_the_gcs_does_and_the_gcs_then_changes_nothing():
+    m = Membership(failures=2, silent_s=5.0)
     m.sync([row("a", port=7001), row("b", port=7002)])
     assert m.to_probe(["a", "b", "unknown"]) == {"a": "127.0.0.1:7001", "b": "127.0.0.1:7002"}
-    assert m.probed("a", False) is None  # one miss is not a loss
-    assert m.probed("a", True) is None  # ... and an answer resets the count
-    assert m.probed("a", False) is None
-    lost = m.probed("a", False)
+    assert m.probed("a", "refused", 0.0) is None  # one refusal is not a loss
+    assert m.probed("a", "ok", 0.5) is None  # ... and an answer resets the count
+    assert m.probed("a", "refused", 1.0) is None
+    lost = m.probed("a", "refused", 1.5)
     assert lost is not None and (lost.kind, lost.by) == ("lost", "probe")
-    assert lost.detail == "stopped answering (2 health checks of its raylet failed in a row)"
-    assert m.probed("a", False) is None  # reported once
+    assert lost.detail == "stopped answering (its raylet refused 2 health checks in a row)"
+    assert m.probed("a", "refused", 2.0) is None  # reported once
     assert m.state("a") == "lost" and [r["NodeID"] for r in m.placeable()] == ["b"]
     assert m.sync([row("a", port=7001), row("b", port=7002)]) == []  # the GCS still lists it: still lost
     assert m.sync([row("a", alive=False), row("b", port=7002)]) == []  # the GCS catches up: already reported
-    assert m.state("a") is None and m.probed("a", True) is None  # forgotten for good
+    assert m.state("a") is None and m.probed("a", "ok", 3.0) is None  # forgotten for good
+
+
+def test_a_slow_raylet_is_not_lost_until_it_has_been_silent_for_silent_s():
+    """A probe that times out may be a busy raylet (these 2 cores, a GC pause): only `silent_s` of no answer at
+    all (a machine gone from the network) makes the node lost; a refused connection is the quick way."""
+    m = Membership(failures=2, silent_s=5.0)
+    m.sync([row("a")])
+    for t in (0.0, 1.0, 2.0, 3.0, 4.5):
+        assert m.probed("a", "silent", t) is None
+    lost = m.probed("a", "silent", 5.0)
+    assert lost is not None and lost.detail == "stopped answering (no answer to its raylet's health checks for 5.0 s)"
+    m.sync([row("b"), row("a")])
+    assert m.probed("b", "silent", 10.0) is None and m.probed("b", "ok", 11.0) is None
+    assert m.probed("b", "silent", 12.0) is None and m.probed("b", "silent", 16.9) is None  # the clock restarted
+    assert m.state("b") == "live"
 
 
 def test_a_node_lost_by_its_probes_that_answers_again_is_live_again():
     m = Membership(failures=1)
     m.sync([row("a")])
-    assert kinds([m.probed("a", False)]) == [("lost", "a", "probe")]  # type: ignore[list-item]
-    back = m.probed("a", True)
+    assert kinds([m.probed("a", "refused", 0.0)]) == [("lost", "a", "probe")]  # type: ignore[list-item]
+    back = m.probed("a", "ok", 1.0)
     assert back is not None and (back.kind, back.detail) == ("joined", "is answering again")
     assert m.state("a") == "live"
 
@@ -87,18 +102,20 @@ def test_a_draining_node_takes_no_new_slots_and_is_reported_once():
 def test_failures_below_one_are_refused():
     with pytest.raises(ValueError, match="failures=0 must be >= 1"):
         Membership(failures=0)
+    with pytest.raises(ValueError, match="silent_s=0 > 0"):
+        Membership(silent_s=0)
 
 
 def test_node_watch_reads_the_table_and_probes_only_the_nodes_holding_slots_when_due():
     tables = [([row("a", port=1), row("b", port=2)], set())]
-    answers = {"127.0.0.1:1": False, "127.0.0.1:2": True, "127.0.0.1:3": True}
+    answers = {"127.0.0.1:1": "refused", "127.0.0.1:2": "ok", "127.0.0.1:3": "ok"}
     probed: list[str] = []
     forgotten: list[set[str]] = []
 
     def table() -> tuple[list[dict[str, Any]], set[str]]:
         return tables[-1]
 
-    async def probe(address: str) -> bool:
+    async def probe(address: str) -> str:
         probed.append(address)
         return answers[address]
 
