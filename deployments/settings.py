@@ -16,7 +16,7 @@ turns them into the one frozen config that the scheduler, its slots and its sess
     CHARACTERS_WORKER_TIMEOUT_S      wait for a worker stage (load weights, warm up) before failing the slot
     GLOO_SOCKET_IFNAME               interface gloo binds for CPU tensor parallelism (lo: loopback only)
 
-Request limits (defaults of `deployments.api.ApiConfig`; the app args' `api:` section overrides them;
+Request limits (defaults of `deployments.api.requests.ApiConfig`; the app args' `api:` section overrides them;
 docs/security.md has the table):
 
     CHARACTERS_MAX_BODY_BYTES        largest HTTP request body (413 body_too_large)
@@ -26,12 +26,14 @@ docs/security.md has the table):
     CHARACTERS_MAX_DURATION_S        largest maxDuration a request may ask for (422 invalid_field maxDuration)
     CHARACTERS_CORS_ORIGINS          comma-separated origins allowed by CORS (empty: CORS off, the default)
 
-LiveKit server of the watch page (`deployments.watch`; `characters serve --livekit-dev` sets them):
+LiveKit server of the watch page (`deployments.api.watch`; `characters serve --livekit-dev` sets them):
 
     CHARACTERS_LIVEKIT_URL           ws(s)://host[:port] the watch page's sessions publish to; empty: page off
     CHARACTERS_LIVEKIT_PUBLIC_URL    the same server as browsers reach it (empty: CHARACTERS_LIVEKIT_URL)
     CHARACTERS_LIVEKIT_API_KEY       API key of that server (mints the character's and viewers' tokens)
     CHARACTERS_LIVEKIT_API_SECRET    its secret (never logged)
+    CHARACTERS_LIVEKIT_DEV           true: it is `characters serve --livekit-dev`'s (GET /v1/livekit shows its
+                                     public development secret)
 
 Telemetry (`TelemetryConfig.from_env()`; OFF unless an OTLP endpoint or exporter is set; docs/operations.md):
 
@@ -90,6 +92,13 @@ def _parse_bool_or_auto(raw: str) -> bool | None:
     raise ValueError(f"expected auto, true or false, got {raw!r}")
 
 
+def _parse_bool(raw: str) -> bool:
+    value = _parse_bool_or_auto(raw)
+    if value is None:
+        raise ValueError(f"expected true or false, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     """One environment variable: name, parser, default and what it means."""
@@ -137,13 +146,8 @@ LIVEKIT_URL = EnvVar("CHARACTERS_LIVEKIT_URL", str, "", "the LiveKit server of w
 LIVEKIT_PUBLIC_URL = EnvVar("CHARACTERS_LIVEKIT_PUBLIC_URL", str, "", "that server's URL as browsers reach it")
 LIVEKIT_API_KEY = EnvVar("CHARACTERS_LIVEKIT_API_KEY", str, "", "the LiveKit server's API key")
 LIVEKIT_API_SECRET = EnvVar("CHARACTERS_LIVEKIT_API_SECRET", str, "", "the LiveKit server's API secret")
-
-
-def _parse_bool(raw: str) -> bool:
-    value = _parse_bool_or_auto(raw)
-    if value is None:
-        raise ValueError(f"expected true or false, got {raw!r}")
-    return value
+LIVEKIT_DEV = EnvVar("CHARACTERS_LIVEKIT_DEV", _parse_bool, False, "true: that server is `characters serve "
+                     "--livekit-dev`'s, whose public development secret GET /v1/livekit may show")
 
 
 def _parse_pairs(raw: str) -> dict[str, str]:

@@ -53,7 +53,7 @@ class SessionSpec:
     output: OutputSpec | LiveKitOutput = field(default_factory=OutputSpec)
     seed: int = 0
     api_key_id: str | None = None  # which API key made it (for per-key quotas), never the key itself
-    recover: bool = False  # resume on a fresh bundle when this one is lost (deployments.recovery)
+    recover: bool = False  # resume on a fresh bundle when this one is lost (deployments.sessions.recovery)
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate
 
 

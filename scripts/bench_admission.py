@@ -8,7 +8,7 @@ Policy: `decide` + `commit` for one new request against fleets of N nodes (rando
 queue of Q waiting requests that do not fit (each is re-checked: the worst case), timed over many
 iterations (at most --iters, at most ~5 s per case; microseconds per decision).
 
-Cluster: the scheduler actor of `deployments.scheduler` on a local cluster (loopback, logical CPUs).
+Cluster: the scheduler actor of `deployments.sessions.scheduler` on a local cluster (loopback, logical CPUs).
 Cold: warm_slots=0, so every session builds its slot (placement group, worker processes, weights,
 warm-up). Warm: warm_slots=1, each session takes the slot the previous one returned (reset state,
 encode the reference, compile the chunk graph). Each session's actor is started ahead with its slot
@@ -112,8 +112,8 @@ def wait_slots(sched: Any, free: int, timeout_s: float = 120.0) -> list[dict[str
 def bench_cluster(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from deployments.runtime import init_local, stop_local
-    from deployments.scheduler import get_or_create_scheduler
+    from deployments.sessions.cluster import init_local, stop_local
+    from deployments.sessions.scheduler import get_or_create_scheduler
     from deployments.settings import ServiceConfig
 
     init_local(num_cpus=args.cpus)

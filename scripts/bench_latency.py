@@ -46,7 +46,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from characters.audio import SAMPLE_AUDIO, chunk_sample_range, convert_pcm, load_audio, pcm16_to_float
 from characters.pacing import SegmentEvent, to_int16
 from deployments.livekit import LiveKitOutput, LiveKitServer, LiveKitSink, MediaFormat, install_server
-from deployments.session import AudioBuffer
+from deployments.sessions.runner import AudioBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDEO_SHARE_S = 0.49  # DESIGN.md section 1: the video pipeline's share of a 2.13 s median turn

@@ -30,7 +30,7 @@ Per session (steady state: the first `--skip` chunks dropped):
 - `latency_ms_p50`: submit -> published; late chunks; the GPUs each worker holds (disjoint across
   sessions: each slot is its own placement group); `ready_after_s`: the variant's first request -> this
   session RUNNING (its slot built from nothing: actors, weights, warm-up, the compiled graph); `slot_build_s`:
-  the seconds of each start-up stage of DiT rank 0 and of the decoder (`deployments.workers.STAGES`).
+  the seconds of each start-up stage of DiT rank 0 and of the decoder (`deployments.pipeline.workers.STAGES`).
 Prints a table, writes JSON.
 """
 
@@ -117,7 +117,7 @@ def held_gpus(actor: Any) -> list[str]:
 
 
 def worker_stages(actor: Any) -> dict[str, float]:
-    """Seconds each start-up stage of a DiT or decoder worker took (`deployments.workers.STAGES`)."""
+    """Seconds each start-up stage of a DiT or decoder worker took (`deployments.pipeline.workers.STAGES`)."""
     import ray
 
     return {k: round(v, 2) for k, v in ray.get(actor.stages.remote()).items()}
@@ -132,7 +132,7 @@ def published(events: list[Any], skip: int) -> list[float]:
 def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, Any]:
     import ray
 
-    from deployments.scheduler import get_or_create_scheduler
+    from deployments.sessions.scheduler import get_or_create_scheduler
     from deployments.types import OutputSpec, SessionSpec, SessionStatus
 
     service = service_for(args, layout, depth)
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from deployments.runtime import init_local, stop_local
+    from deployments.sessions.cluster import init_local, stop_local
 
     need = gpus_needed(args)
     have = torch.cuda.device_count() if args.device == "cuda" else need

@@ -4,7 +4,7 @@
     python scripts/bench_telemetry.py --rounds 8 --out benchmarks/telemetry_cpu.json
 
 The slot's three workers (`DiTWorker`, `DecoderWorker`, `RoomWorker`) run in this process, driven by the
-real chunk loop (`deployments.pipeline.run_chunk_loop`, unpaced: `wait` returns at once) through a
+real chunk loop (`deployments.pipeline.graph.run_chunk_loop`, unpaced: `wait` returns at once) through a
 synchronous in-process pipeline; each published report goes to the session's `SessionTelemetry`, as in a
 session actor. Three variants, each its own set of warm workers:
 
@@ -47,11 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig, session_config
 from deployments import telemetry
-from deployments.pipeline import run_chunk_loop
+from deployments.pipeline.graph import run_chunk_loop
+from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.workers import ChunkInput, ChunkReport, DecoderWorker, DiTWorker
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import SessionTelemetry, Telemetry
 from deployments.types import OutputSpec, SessionStats
-from deployments.workers import ChunkInput, ChunkReport, DecoderWorker, DiTWorker, RoomWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,10 @@ if [ "$(id -u)" != "0" ]; then
 fi
 echo "install_chromium.sh: installing Debian's chromium (a minute, once)" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq chromium >/dev/null
-/usr/bin/chromium --version >&2
+log="$(mktemp)"
+if ! { apt-get update -qq && apt-get install -y -qq chromium; } >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+fi
+rm -f "$log"
+echo "install_chromium.sh: $(/usr/bin/chromium --version)" >&2

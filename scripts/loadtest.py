@@ -6,7 +6,7 @@ admitted sessions run; checks admission and measures API latency and the running
     python scripts/loadtest.py --url http://127.0.0.1:8000 --key KEY --capacity 2 --queue-max 2   # a running one
 
 Own cluster (no --url): a local Ray on 127.0.0.1 with `--capacity` logical GPUs, the Serve app of
-`deployments.app` (real ingress, real scheduler) with topology `gpu1` (one bundle per logical GPU; the
+`deployments.api.app` (real ingress, real scheduler) with topology `gpu1` (one bundle per logical GPU; the
 workers run on the CPU), the `tiny` preset (`--model small`, the default: one DiT layer and a decoder
 without res blocks, so that several sessions run in real time on 2 cores), API keys on.
 
@@ -262,8 +262,8 @@ def local_service(capacity: int, queue_max: int, model: str = "small", num_cpus:
     import ray
     from ray import serve
 
-    from deployments.app import APP_NAME, build_app
-    from deployments.runtime import init_local, stop_local
+    from deployments.api.app import APP_NAME, build_app
+    from deployments.sessions.cluster import init_local, stop_local
     from deployments.types import NAMESPACE, SCHEDULER_NAME
 
     service: dict[str, Any] = {"topology": "gpu1", "queue_max": queue_max, "queue_timeout_s": 120.0,

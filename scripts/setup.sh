@@ -5,12 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+[ -x .venv/bin/python ] || { echo "setup.sh: creating .venv ($("$PY" --version))" >&2; "$PY" -m venv .venv; }
 .venv/bin/python -m pip install -q --upgrade "pip==26.3"
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
-.venv/bin/python -m pip install -q -e ".${extra}"
-# The watch page (web/ -> deployments/watch_page/) and, for its browser test, Debian's Chromium.
+echo "setup.sh: installing the project into .venv (editable${extra:+, with the dev tools})" >&2
+# setuptools tells every editable install that same-named folders may shadow the package: it is the point here.
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".${extra}"
+# The watch page (web/ -> deployments/api/watch_page/) and, for its browser test, Debian's Chromium.
 if [ -n "$extra" ]; then
     scripts/build_web.sh
     scripts/install_chromium.sh

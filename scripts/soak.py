@@ -30,8 +30,8 @@ import numpy as np
 import psutil
 import ray
 
-from deployments.runtime import init_local
-from deployments.scheduler import get_or_create_scheduler
+from deployments.sessions.cluster import init_local
+from deployments.sessions.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
 from deployments.types import NAMESPACE, OutputSpec, SessionSpec
 

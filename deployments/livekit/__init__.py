@@ -1,5 +1,6 @@
-"""LiveKit output: the character as a participant of a LiveKit room, speaking the LiveKit Agents
-avatar protocol, plus the Runway-compatible API's request shapes and a local server for tests.
+"""The room side: the character as a participant of a LiveKit room, speaking the LiveKit Agents avatar
+protocol, and a local server for tests and development. Imports nothing else of `deployments`
+but `settings`, `types` and `telemetry`; the Runway-compatible HTTP API is in `deployments.api.runway`.
 
     LiveKitOutput     the session's output spec (kind "livekit"): url, room, token or API key/secret
     MediaFormat       what is published: resolution, fps, 16 kHz mono audio

@@ -41,6 +41,9 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(s.getsockname()[1])
 
 
+DEV_HTTP_PORT = 7880  # LiveKit's own defaults: HTTP/WebSocket 7880, ICE/TCP 7881, UDP 7882
+
+
 @dataclass(frozen=True)
 class ServerPorts:
     http: int
@@ -49,7 +52,30 @@ class ServerPorts:
 
     @classmethod
     def pick(cls) -> ServerPorts:
+        """Free ports (tests, benchmarks: several servers may run side by side)."""
         return cls(free_port(), free_port(), free_port(socket.SOCK_DGRAM))
+
+    @classmethod
+    def from_http(cls, http: int = DEV_HTTP_PORT) -> ServerPorts:
+        """LiveKit's layout from its HTTP port: ICE/TCP on the next port, UDP on the one after (7880, 7881, 7882
+        by default, as the LiveKit docs and examples assume)."""
+        if not 1 <= http <= 65533:
+            raise ValueError(f"LiveKit HTTP port {http} must be 1..65533 (ICE/TCP and UDP take the next two)")
+        return cls(http, http + 1, http + 2)
+
+    def busy(self) -> list[str]:
+        """The ports something on this machine already holds, e.g. ['7880/tcp']."""
+        out = []
+        for port, kind, name in ((self.http, socket.SOCK_STREAM, "tcp"), (self.rtc_tcp, socket.SOCK_STREAM, "tcp"),
+                                 (self.rtc_udp, socket.SOCK_DGRAM, "udp")):
+            with socket.socket(socket.AF_INET, kind) as s:
+                if kind == socket.SOCK_STREAM:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    out.append(f"{port}/{name}")
+        return out
 
 
 def server_config(ports: ServerPorts, log_level: str = "warn") -> dict[str, Any]:

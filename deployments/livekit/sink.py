@@ -1,4 +1,4 @@
-"""`LiveKitSink`: the `deployments.workers.MediaSink` protocol (`write(frames, pcm)` / `close()`) over a
+"""`LiveKitSink`: the `deployments.pipeline.workers.MediaSink` protocol (`write(frames, pcm)` / `close()`) over a
 `LiveKitRoom`, for synchronous callers such as the `RoomWorker` actor.
 
 The sink owns a thread that runs the room's asyncio event loop. `start()` blocks until the room is

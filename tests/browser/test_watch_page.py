@@ -57,7 +57,7 @@ def wait_for(fn: Callable[[], Any], timeout_s: float, what: str, every_s: float 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`characters serve --livekit-dev` on free ports, refusing a second session at once (queue_max 0)."""
+    """`characters serve --livekit-dev` (HTTP on a free port, LiveKit on its default 7880), refusing a second session at once (queue_max 0)."""
     if not CHROMIUM.is_file():
         pytest.fail(f"Chromium is not at {CHROMIUM}; run scripts/install_chromium.sh (or scripts/setup.sh --dev)")
     if not PAGE.is_file():
@@ -73,7 +73,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "CHARACTERS_API_KEYS": "", "RAY_ADDRESS": ""}
     log_path = work / "serve.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "deployments.serve_cli", "--config", str(config), "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "deployments.cli.serve", "--config", str(config), "--port",
                                  str(port), "--grpc-port", "0", "--livekit-dev"], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         try:
@@ -82,7 +82,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 return "Ctrl-C to stop" in log_path.read_text()
 
             wait_for(started, 180, "characters serve to start", every_s=0.5)
-            assert f"Watch http://127.0.0.1:{port}/watch/" in log_path.read_text()
+            text = log_path.read_text()
+            assert f"Watch http://127.0.0.1:{port}/watch/" in text
+            # LiveKit's own port unless told otherwise, with the dev keys on the first screen and over HTTP
+            assert "LiveKit ws://127.0.0.1:7880  API key devkey  secret secret" in text, text[-2000:]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/livekit", timeout=10) as resp:
+                assert json.loads(resp.read()) == {"configured": True, "url": "ws://127.0.0.1:7880",
+                                                   "apiKey": "devkey", "apiSecret": "secret", "dev": True}
             yield f"http://127.0.0.1:{port}"
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]

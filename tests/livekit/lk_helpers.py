@@ -16,7 +16,7 @@ from livekit.rtc._proto import video_frame_pb2 as proto_video_frame
 
 from characters.audio import chunk_sample_range, convert_pcm, pcm16_to_float
 from deployments.livekit import LiveKitRoom, LiveKitServer
-from deployments.session import AudioBuffer
+from deployments.sessions.runner import AudioBuffer
 
 W, H, FPS, F, SR = 272, 176, 24, 4, 16000
 CHUNK_S = F / FPS

@@ -1,5 +1,5 @@
 """The unmodified `livekit-plugins-runway` AvatarSession against our API (the real FastAPI app from
-deployments.api, in-process uvicorn on 127.0.0.1) and a real LiveKit server: its HTTP call starts a
+deployments.api.http, in-process uvicorn on 127.0.0.1) and a real LiveKit server: its HTTP call starts a
 session, the character joins with the plugin's token and publishes video, END_CALL ends it."""
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from livekit.plugins import runway
 from livekit.plugins.runway import avatar as runway_avatar
 from lk_helpers import CHUNK_S, FakeSession, H, W, frames_for, token
 
-from deployments.api import ApiConfig, SessionFrontend, build_http_app
-from deployments.auth import ApiKeys
+from deployments.api.auth import ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
+from deployments.api.requests import ApiConfig
 from deployments.livekit import LiveKitOutput, LiveKitServer, LiveKitSink, MediaFormat
 from deployments.livekit.config import ATTRIBUTE_PUBLISH_ON_BEHALF
 from deployments.livekit.server import free_port

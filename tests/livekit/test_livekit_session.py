@@ -14,8 +14,8 @@ from lk_helpers import H, Viewer, W
 
 from deployments.livekit import LiveKitServer
 from deployments.livekit.config import LiveKitOutput
-from deployments.runtime import init_local, stop_local
-from deployments.scheduler import get_or_create_scheduler
+from deployments.sessions.cluster import init_local, stop_local
+from deployments.sessions.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
 from deployments.types import SessionSpec, SessionStatus
 

@@ -34,11 +34,11 @@ import ray
 from ray import serve
 
 from characters.media import SAMPLE_IMAGE
-from deployments.app import APP_NAME, build_app
+from deployments.api.app import APP_NAME, build_app
 from deployments.livekit import LiveKitServer
 from deployments.livekit.config import mint_token
 from deployments.livekit.server import free_port
-from deployments.runtime import init_local, stop_local
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.telemetry.receiver import OtlpReceiver
 from deployments.types import NAMESPACE, SCHEDULER_NAME
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from deployments.scheduler import get_or_create_scheduler
+from deployments.sessions.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionEvent, SessionInfo, SessionSpec, SessionStatus
 
@@ -108,7 +108,8 @@ def pg_state(pg_id: str) -> str:
 def reference_digests(service: ServiceConfig, session: SessionSpec, chunks: int) -> list[str]:
     """The first chunks' frame digests of `session` made in this process, without Ray (silent audio)."""
     from characters.audio import chunk_sample_range
-    from deployments.workers import ChunkInput, DecoderWorker, DiTWorker, RoomWorker
+    from deployments.pipeline.room import RoomWorker
+    from deployments.pipeline.workers import ChunkInput, DecoderWorker, DiTWorker
 
     cfg = service.session_config()
     dit, dec, room = DiTWorker(cfg), DecoderWorker(cfg), RoomWorker(cfg)

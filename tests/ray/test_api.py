@@ -1,7 +1,7 @@
 """The API over real Ray + Serve: HTTP on 127.0.0.1 and gRPC through Serve's gRPC proxy, with API keys on.
 
 A small fake scheduler actor (the real interface, a two-bundle ledger, a one-place queue) stands in
-for `deployments.scheduler`; it is registered under the scheduler's name, so the ingress finds it.
+for `deployments.sessions.scheduler`; it is registered under the scheduler's name, so the ingress finds it.
 One Ray + Serve instance for the module.
 """
 
@@ -29,10 +29,10 @@ import ray
 from PIL import Image
 from ray import serve
 
-from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app
-from deployments.proto import characters_pb2 as pb
-from deployments.proto import characters_pb2_grpc as pb_grpc
-from deployments.runtime import init_local, stop_local
+from deployments.api.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.proto import characters_pb2_grpc as pb_grpc
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.types import NAMESPACE, SCHEDULER_NAME
 
 pytestmark = pytest.mark.ray
@@ -382,7 +382,7 @@ def test_openapi_lists_endpoints_and_error_schema(server: Server) -> None:
     assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz",
                                  "/v1/realtime_sessions", "/v1/realtime_sessions/{session_id}", "/v1/avatars",
                                  "/v1/avatars/{avatar_id}", "/v1/sessions/{session_id}/audio", "/v1/watch/config",
-                                 "/v1/watch/sessions", "/v1/watch/token"}  # + the watch page's (deployments.watch)
+                                 "/v1/watch/sessions", "/v1/watch/token"}  # + the watch page's (deployments.api.watch)
     assert set(doc["paths"]["/v1/sessions"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/sessions/{session_id}"]) == {"get", "delete"}
     post = doc["paths"]["/v1/sessions"]["post"]

@@ -1,4 +1,4 @@
-"""End to end with the real scheduler (deployments.scheduler): HTTP create -> RUNNING -> gRPC audio in,
+"""End to end with the real scheduler (deployments.sessions.scheduler): HTTP create -> RUNNING -> gRPC audio in,
 events out -> 503 while the only bundle is busy -> DELETE -> capacity back. Tiny preset on 2 CPUs."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from ray import serve
 
 from characters.audio import SAMPLE_AUDIO, load_audio
 from characters.media import SAMPLE_IMAGE
-from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app
-from deployments.proto import characters_pb2 as pb
-from deployments.proto import characters_pb2_grpc as pb_grpc
-from deployments.runtime import init_local, stop_local
+from deployments.api.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.proto import characters_pb2_grpc as pb_grpc
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.types import NAMESPACE, SCHEDULER_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

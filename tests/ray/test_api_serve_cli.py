@@ -1,5 +1,6 @@
-"""`characters serve` (deployments.serve_cli) as a subprocess: starts, answers HTTP and gRPC, and on
-SIGINT exits 0 within seconds with its ports free. Runs its own Ray cluster (the real scheduler)."""
+"""`characters serve` (deployments.cli.serve) as a subprocess: starts, answers HTTP and gRPC, and on
+SIGINT exits 0 within seconds, its cluster's processes gone and its ports free, so a second one started at
+once on the same ports comes up. Runs its own Ray cluster (the real scheduler)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
-from deployments.proto import characters_pb2 as pb
-from deployments.proto import characters_pb2_grpc as pb_grpc
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.proto import characters_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -54,25 +56,41 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("service: {preset: enormous}\n")
     for args in (["--config", str(tmp_path / "missing.yaml")], ["--config", str(cfg)]):
-        proc = subprocess.run([sys.executable, "-m", "deployments.serve_cli", *args], cwd=ROOT, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "deployments.cli.serve", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert "characters serve:" in proc.stderr and ("missing.yaml" in proc.stderr or "enormous" in proc.stderr)
 
 
-def test_serve_runs_until_sigint_then_frees_its_ports(tmp_path: Path) -> None:
-    http_port, grpc_port = free_port(), free_port()
+def start_serve(http_port: int, grpc_port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """`characters serve` on the given ports, once it says it is ready (its log in `log_path`)."""
     env = {**os.environ, "CHARACTERS_API_KEYS": "", "RAY_ADDRESS": ""}
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve_cli", "--port", str(http_port),
-                             "--grpc-port", str(grpc_port)], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "deployments.cli.serve", "--port", str(http_port),
+                                 "--grpc-port", str(grpc_port)], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "Ctrl-C to stop" not in log_path.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"characters serve did not start within 120 s: {log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return proc
+
+
+def stop_serve(proc: subprocess.Popen[bytes]) -> float:
+    """SIGINT, then the seconds `characters serve` took to exit (0 required)."""
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=30) == 0
+    return time.monotonic() - t0
+
+
+def test_serve_runs_until_sigint_then_frees_its_ports_and_starts_again_at_once(tmp_path: Path) -> None:
+    http_port, grpc_port = free_port(), free_port()
+    proc = start_serve(http_port, grpc_port, tmp_path / "serve.log")
+    second: subprocess.Popen[bytes] | None = None
     try:
-        deadline = time.monotonic() + 120
-        while "Ctrl-C to stop" not in (tmp_path / "serve.log").read_text():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "characters serve did not start within 120 s"
-            time.sleep(0.5)
         text = (tmp_path / "serve.log").read_text()
         assert f"http://127.0.0.1:{http_port}/v1/sessions" in text and f"127.0.0.1:{grpc_port}" in text
         assert get(f"http://127.0.0.1:{http_port}/healthz") == (200, {"status": "ok"})
@@ -81,16 +99,22 @@ def test_serve_runs_until_sigint_then_frees_its_ports(tmp_path: Path) -> None:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             got = pb_grpc.CharactersStub(channel).GetCapacity(pb.GetCapacityRequest(), timeout=30)
             assert got.bundles_total == cap["bundlesTotal"]
+        cluster = psutil.Process(proc.pid).children(recursive=True)  # raylet, GCS, Serve's proxies, workers
+        assert len(cluster) >= 3, [p.name() for p in cluster]
 
-        proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        assert proc.wait(timeout=30) == 0
-        took = time.monotonic() - t0
+        took = stop_serve(proc)
         assert took < 15, f"took {took:.1f} s to stop"
+        alive = [p for p in cluster if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"characters serve returned with its cluster's processes alive: {alive}"
         assert port_free(http_port) and port_free(grpc_port)
         assert "stopping" in (tmp_path / "serve.log").read_text()
+
+        # at once, on the same ports (the connections above linger in TIME_WAIT): it comes up
+        second = start_serve(http_port, grpc_port, tmp_path / "serve2.log")
+        assert get(f"http://127.0.0.1:{http_port}/healthz") == (200, {"status": "ok"})
+        assert stop_serve(second) < 15
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+        for p in (proc, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

@@ -38,7 +38,7 @@ from deploy_helpers import (
     wait_status,
 )
 
-from deployments.runtime import init_local, stop_local
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.types import NAMESPACE, SCHEDULER_NAME, NoCapacity, SessionStatus
 from placement.names import parse_pg_name, session_actors_of
 
@@ -221,7 +221,7 @@ def test_serve_replica_death_and_redeploy_leave_sessions_running() -> None:
     from ray import serve
 
     from characters.media import SAMPLE_IMAGE
-    from deployments.app import APP_NAME, build_app
+    from deployments.api.app import APP_NAME, build_app
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

@@ -24,7 +24,7 @@ import pytest
 import ray
 from deploy_helpers import info, scheduler, slots, small_service, spec, wait_chunks, wait_for, wait_status
 
-from deployments.runtime import init_local, stop_local
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.types import SessionStatus
 
 pytestmark = pytest.mark.ray

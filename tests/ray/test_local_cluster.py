@@ -13,8 +13,8 @@ import psutil
 import pytest
 import ray
 
-from deployments import runtime
-from deployments.runtime import init_local, stop_local
+from deployments.sessions import cluster as runtime
+from deployments.sessions.cluster import init_local, stop_local
 
 pytestmark = pytest.mark.ray
 

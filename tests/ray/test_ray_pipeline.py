@@ -27,7 +27,7 @@ from deploy_helpers import (
 
 from characters.config import TopologyConfig
 from characters.media import read_mp4
-from deployments.runtime import init_local, stop_local
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionStatus
 

@@ -31,7 +31,7 @@ from deploy_helpers import (
     wait_status,
 )
 
-from deployments.runtime import init_local, stop_local
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.types import NoCapacity, SessionStatus, UnknownSession
 
 pytestmark = pytest.mark.ray

@@ -26,8 +26,8 @@ import ray
 from ray import serve
 
 from characters.media import SAMPLE_IMAGE
-from deployments.app import APP_NAME, build_app
-from deployments.runtime import init_local, stop_local
+from deployments.api.app import APP_NAME, build_app
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.telemetry import names as N
 from deployments.telemetry.receiver import OtlpReceiver, ReceivedSpan, tree
 from deployments.types import NAMESPACE, SCHEDULER_NAME

@@ -19,7 +19,7 @@ import pytest
 import ray
 from deploy_helpers import all_events, info, pg_state, scheduler, slots, small_service, spec, wait_chunks, wait_for
 
-from deployments.runtime import init_local, stop_local
+from deployments.sessions.cluster import init_local, stop_local
 from deployments.types import NAMESPACE, SessionStatus
 from placement.names import session_actors_of
 

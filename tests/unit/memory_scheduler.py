@@ -1,4 +1,4 @@
-"""The scheduler's async interface (`deployments.api.Scheduler`) over dicts, for the front-end tests: it
+"""The scheduler's async interface (`deployments.api.frontend.Scheduler`) over dicts, for the front-end tests: it
 records what the routes hand it (specs, agent audio, clears); `refuse` makes create_session raise it."""
 
 from __future__ import annotations

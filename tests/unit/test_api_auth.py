@@ -11,10 +11,12 @@ import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 
-import deployments.auth as auth
-from deployments.api import ApiConfig, SessionFrontend, build_http_app
-from deployments.auth import API_KEYS_ENV, ApiKeys
-from deployments.errors import ApiError
+import deployments.api.auth as auth
+from deployments.api.auth import API_KEYS_ENV, ApiKeys
+from deployments.api.errors import ApiError
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
+from deployments.api.requests import ApiConfig
 from deployments.types import Capacity, SessionInfo, SessionSpec, SessionStatus
 
 K1, K2 = "backend-key-0123456789", "ops-key-abcdefghijklmn"

@@ -1,7 +1,7 @@
 """Schema fuzzing of the HTTP API: every operation in /openapi.json (the native and the Runway-compatible
 routes), driven by schemathesis from the document the app serves, with valid and invalid (negative) data.
 
-The app is `deployments.api.build_http_app` with API keys on, in process, over the in-memory scheduler
+The app is `deployments.api.http.build_http_app` with API keys on, in process, over the in-memory scheduler
 of the validation tests (the thing under test is the API's validation, not the scheduler). Each case
 must: answer below 500, conform to the document (status codes, content types, bodies, headers), give
 every error the one JSON shape with a code and a message, answer within a few seconds, and leave the
@@ -31,8 +31,9 @@ from PIL import Image
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 from test_api_validation import LIMITS, png_header
 
-from deployments.api import SessionFrontend, build_http_app
-from deployments.auth import ApiKeys
+from deployments.api.auth import ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
 
 KEY = "fuzz-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -136,7 +137,7 @@ RAW_BODIES: list[tuple[str, bytes, str, int, str, str | None]] = [
 def test_unparseable_and_odd_bodies() -> None:
     from starlette.testclient import TestClient
 
-    from deployments.api import ApiConfig
+    from deployments.api.requests import ApiConfig
 
     local = MemoryScheduler()
     with TestClient(build_http_app(SessionFrontend(local, ApiConfig(max_body_bytes=128 * 1024)))) as client:

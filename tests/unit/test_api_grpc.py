@@ -13,11 +13,12 @@ import pytest
 from memory_scheduler import MemoryScheduler
 from PIL import Image
 
-from deployments.api import ApiConfig, SessionFrontend
-from deployments.auth import ApiKeys
-from deployments.errors import ApiError
-from deployments.grpc_service import CharactersGrpc, GrpcAbort, event_pb, session_options, session_pb
-from deployments.proto import characters_pb2 as pb
+from deployments.api.auth import ApiKeys
+from deployments.api.errors import ApiError
+from deployments.api.frontend import SessionFrontend
+from deployments.api.grpc_service import CharactersGrpc, GrpcAbort, event_pb, session_options, session_pb
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.requests import ApiConfig
 from deployments.types import (
     Capacity,
     NoCapacity,

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the gRPC service (deployments.grpc_service) without Ray: random CreateSession
+"""Property-based fuzzing of the gRPC service (deployments.api.grpc_service) without Ray: random CreateSession
 requests (real and broken image files, any preset text, NaN/inf/negative durations, any seed, any output)
 and random AudioChunk streams (any session id, PCM of any length, any rate and channel count, clears).
 
@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 from test_api_fuzz import image_files
 from test_api_grpc import KEY, Context, Scheduler
 
-from deployments.api import ApiConfig, SessionFrontend
-from deployments.auth import ApiKeys
-from deployments.grpc_service import CharactersGrpc, GrpcAbort
-from deployments.proto import characters_pb2 as pb
+from deployments.api.auth import ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.grpc_service import CharactersGrpc, GrpcAbort
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.requests import ApiConfig
 
 MAX_PCM = 4096  # a small max_audio_chunk_bytes, so oversized chunks are cheap to make
 DETAILS = re.compile(r"^[a-z_]+: ([A-Za-z_.]+: )?\S")

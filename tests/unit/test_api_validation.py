@@ -1,6 +1,6 @@
 """The HTTP API without Ray: validation, limits, error shapes, scheduler refusals, OpenAPI, CORS.
 
-The FastAPI app from `deployments.api.build_http_app` runs in-process (Starlette's TestClient) over an
+The FastAPI app from `deployments.api.http.build_http_app` runs in-process (Starlette's TestClient) over an
 in-memory scheduler with the real interface.
 """
 
@@ -19,8 +19,11 @@ from memory_scheduler import MemoryScheduler
 from PIL import Image
 from starlette.testclient import TestClient
 
-from deployments.api import ApiConfig, SessionFrontend, SessionOut, build_http_app, load_avatar
-from deployments.errors import ApiError
+from deployments.api.errors import ApiError
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
+from deployments.api.requests import ApiConfig, load_avatar
+from deployments.api.schemas import SessionOut
 from deployments.types import (
     NoCapacity,
     OutputSpec,

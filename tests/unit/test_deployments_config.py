@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from ray.exceptions import ActorDiedError, GetTimeoutError
 
 from characters.config import TopologyConfig
-from deployments.handoff import REFERENCE, HandoffError, pack, resolve_transport, unpack
-from deployments.pipeline import ChunkFailure, classify
+from deployments.pipeline.graph import ChunkFailure, classify
+from deployments.pipeline.handoff import REFERENCE, HandoffError, pack, resolve_transport, unpack
 from deployments.settings import QUEUE_MAX, USE_GPUS, ServiceConfig
 from deployments.types import NoCapacity
 from placement import AdmissionQueue, Admit, Request, bundles_for, decide, free_bundles

@@ -11,10 +11,11 @@ import pytest
 
 from characters.audio import chunk_sample_range
 from characters.config import session_config
-from deployments.pipeline import ChunkFailure, run_chunk_loop
-from deployments.session import AudioBuffer, SessionRunner, keeps_real_time
+from deployments.pipeline.graph import ChunkFailure, run_chunk_loop
+from deployments.pipeline.room import PlayoutMeter
+from deployments.pipeline.workers import ChunkInput, ChunkReport
+from deployments.sessions.runner import AudioBuffer, SessionRunner, keeps_real_time
 from deployments.types import SessionStatus
-from deployments.workers import ChunkInput, ChunkReport, PlayoutMeter
 
 CHUNK_S = 4 / 24
 

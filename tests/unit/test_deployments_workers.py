@@ -12,19 +12,19 @@ import torch
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig, session_config
 from characters.media import read_mp4
-from deployments.handoff import HandoffError, pack
-from deployments.types import OutputSpec
-from deployments.workers import (
+from deployments.pipeline.handoff import HandoffError, pack
+from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.workers import (
     STAGES,
     Ack,
     ChunkInput,
     DecoderWorker,
     DiTWorker,
     Frames,
-    RoomWorker,
     SessionMismatch,
     StageTimer,
 )
+from deployments.types import OutputSpec
 
 SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}
 
@@ -134,7 +134,7 @@ def test_room_measures_playout_on_an_injected_clock(cfg: SessionConfig) -> None:
 
 
 def test_frames_digest_fingerprints_every_byte_and_ignores_the_layout() -> None:
-    from deployments.workers import frames_digest
+    from deployments.pipeline.room import frames_digest
 
     frames = np.random.default_rng(5).integers(0, 256, (4, 16, 24, 3), dtype=np.uint8)
     d = frames_digest(frames)

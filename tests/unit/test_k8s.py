@@ -4,8 +4,8 @@ KubeRay CRD schemas, and check the invariants of STYLE.md item 20 (pure CPU, no 
 Each invariant is a function `*_problems(...) -> list[str]` (empty: holds). Every one is tested twice: it holds
 on every rendered overlay, and it reports a deliberately broken copy of a rendered manifest.
 
-Needs: Go on PATH (scripts/install_kustomize.sh builds kustomize once into .cache/bin) and the CRD schemas at
-`<repo>/../shared/schemas/kuberay/` (CI's read-only `../shared`). Either missing: the tests FAIL, never skip.
+Needs: Go on PATH (scripts/install_kustomize.sh builds kustomize once into .cache/bin). The CRD schemas are
+in the repository (`k8s/crds/kuberay/`, with their source). Either missing: the tests FAIL, never skip.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from characters.config import TOPOLOGIES
 from placement import NodeCapacity, PlacementSpec, bundles_for, free_bundles
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA_DIR = REPO.parent / "shared" / "schemas" / "kuberay"
+SCHEMA_DIR = REPO / "k8s" / "crds" / "kuberay"
 K8S = REPO / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 GPUS_PER_NODE = 8  # every supported node type: HGX/DGX H100 and B200 boards, one NVLink domain of 8 GPUs
@@ -46,7 +46,7 @@ GPU_KEYS = ("nvidia.com/gpu", "amd.com/gpu", "gpu")
 SECRET_ENV = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET", "CHARACTERS_API_KEYS")
 SECRET_NAME = re.compile(r"(KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 PRESTOP_MARGIN_S = 30  # grace period left for `ray stop` after the preStop wait
-INGRESS = "CharactersIngress"  # deployments.app's ingress deployment
+INGRESS = "CharactersIngress"  # deployments.api.app's ingress deployment
 SERVICE_KEYS = ("preset", "topology", "warm_slots", "queue_max", "queue_timeout_s")
 API_KEYS = ("max_duration_s",)
 
@@ -100,8 +100,8 @@ def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 def crd_schema(plural: str) -> dict[str, Any]:
     path = SCHEMA_DIR / f"ray.io_{plural}.yaml"
     if not path.is_file():
-        pytest.fail(f"KubeRay CRD schema {path} is missing: CI expects the read-only ../shared beside the clone "
-                    f"(shared/schemas/kuberay/ray.io_{plural}.yaml); check out or copy it there")
+        pytest.fail(f"KubeRay CRD schema {path} is missing from the checkout (k8s/crds/kuberay/README.md says "
+                    "where it comes from)")
     crd = yaml.safe_load(path.read_text())
     versions = {v["name"]: v for v in crd["spec"]["versions"]}
     return strict(versions["v1"]["schema"]["openAPIV3Schema"])
@@ -224,7 +224,7 @@ def application(rs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def app_args(rs: Mapping[str, Any]) -> dict[str, Any]:
-    """The args deployments.app:build_app gets: {service: {...}, api: {...}, ingress: {...}}."""
+    """The args deployments.api.app:build_app gets: {service: {...}, api: {...}, ingress: {...}}."""
     return application(rs).get("args") or {}
 
 
@@ -440,8 +440,9 @@ def serve_config_problems(rs: Mapping[str, Any]) -> list[str]:
         return [f"serveConfigV2 is not a valid Serve config: {e}"]
     problems = []
     for app in config.applications:
-        if app.import_path != "deployments.app:build_app":
-            problems.append(f"application {app.name} import_path={app.import_path!r}, want deployments.app:build_app")
+        if app.import_path != "deployments.api.app:build_app":
+            problems.append(f"application {app.name} import_path={app.import_path!r}, "
+                            "want deployments.api.app:build_app")
     service, api = service_args(rs), app_args(rs).get("api") or {}
     missing = [f"service.{k}" for k in SERVICE_KEYS if k not in service] + [f"api.{k}" for k in API_KEYS
                                                                                if k not in api]
@@ -456,14 +457,14 @@ def builder_problems(rs: Mapping[str, Any]) -> list[str]:
     """The application's args are accepted by the real builder's parser, and gRPC names its servicer."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from deployments.app import parse_args
-        from deployments.grpc_service import GRPC_SERVICER_FUNCTIONS
+        from deployments.api.app import parse_args
+        from deployments.api.grpc_service import GRPC_SERVICER_FUNCTIONS
 
     problems = []
     try:
         parse_args(app_args(rs))
     except ValueError as e:
-        problems.append(f"deployments.app.parse_args refuses the serveConfigV2 args: {e}")
+        problems.append(f"deployments.api.app.parse_args refuses the serveConfigV2 args: {e}")
     servicers = (serve_config(rs).get("grpc_options") or {}).get("grpc_servicer_functions")
     if tuple(servicers or ()) != GRPC_SERVICER_FUNCTIONS:
         problems.append(f"grpc_options.grpc_servicer_functions={servicers}, want {list(GRPC_SERVICER_FUNCTIONS)}")
@@ -742,14 +743,14 @@ def test_upgrade_invariant(rs: dict[str, Any]) -> None:
 
 def test_serve_config_invariant(rs: dict[str, Any]) -> None:
     def edit(app: dict[str, Any], _config: dict[str, Any]) -> None:
-        app["import_path"] = "deployments.app:app"
+        app["import_path"] = "deployments.api.app:app"
         del app["args"]["service"]["warm_slots"]
         del app["args"]["api"]
         del app["deployments"]
 
     edit_serve_config(rs, edit)
     assert serve_config_problems(rs) == [
-        "application characters import_path='deployments.app:app', want deployments.app:build_app",
+        "application characters import_path='deployments.api.app:app', want deployments.api.app:build_app",
         "serveConfigV2 args lack ['service.warm_slots', 'api.max_duration_s']: the manifest must state them, "
         "not inherit defaults",
         "serveConfigV2 has no CharactersIngress user_config.draining (the drain switch)",
@@ -767,10 +768,10 @@ def test_builder_invariant(rs: dict[str, Any]) -> None:
     edit_serve_config(rs, edit)
     problems = builder_problems(rs)
     assert len(problems) == 2
-    assert problems[0].startswith("deployments.app.parse_args refuses the serveConfigV2 args: unknown app args "
+    assert problems[0].startswith("deployments.api.app.parse_args refuses the serveConfigV2 args: unknown app args "
                                   "['draining']")
     assert problems[1] == ("grpc_options.grpc_servicer_functions=None, want "
-                           "['deployments.proto.characters_pb2_grpc.add_CharactersServicer_to_server']")
+                           "['deployments.api.proto.characters_pb2_grpc.add_CharactersServicer_to_server']")
 
 
 def test_reference_and_telemetry_invariants(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -15,10 +15,12 @@ from PIL import Image
 from starlette.testclient import TestClient
 
 from characters.config import MODEL_PRESETS
-from deployments.api import ApiConfig, SessionFrontend, build_http_app
-from deployments.auth import ApiKeys
+from deployments.api.auth import ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
+from deployments.api.requests import ApiConfig
+from deployments.api.runway import RUNWAY_VERSION, preset_face, runway_status
 from deployments.livekit import LiveKitOutput
-from deployments.livekit.runway import RUNWAY_VERSION, preset_face, runway_status
 from deployments.types import SessionInfo, SessionStatus
 
 GEN = MODEL_PRESETS["tiny"].generation
@@ -39,7 +41,7 @@ def client(sched: MemoryScheduler) -> Iterator[TestClient]:
 
 
 def body(**over: Any) -> dict[str, Any]:
-    """Exactly what livekit-plugins-runway 1.8.9 posts (see deployments/livekit/runway.py)."""
+    """Exactly what livekit-plugins-runway 1.8.9 posts (see deployments/api/runway.py)."""
     b: dict[str, Any] = {"model": "gwm1_avatars", "avatar": {"type": "runway-preset", "presetId": "sample-face"},
                          "livekit": {"url": "wss://lk.example", "token": JWT, "roomName": "room-1",
                                      "agentIdentity": "agent-1"}}

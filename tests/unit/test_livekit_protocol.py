@@ -180,3 +180,28 @@ def test_tokens_are_redacted_from_messages_and_the_sdk_log(caplog: pytest.LogCap
     with caplog.at_level(logging.INFO, logger="livekit"):
         logging.getLogger("livekit").error("%s:%s:%s - %s", "livekit", 1, "m", f"invalid token: {tok}")
     assert "invalid token: <token redacted>" in caplog.text and tok not in caplog.text
+
+
+def test_the_development_server_uses_livekits_own_ports_unless_told_otherwise():
+    from deployments.cli.serve import build_parser
+    from deployments.livekit.server import ServerPorts
+
+    assert build_parser().parse_args(["--livekit-dev"]).livekit_port == 7880
+    assert ServerPorts.from_http() == ServerPorts(7880, 7881, 7882)
+    assert ServerPorts.from_http(17880) == ServerPorts(17880, 17881, 17882)
+    with pytest.raises(ValueError, match="65533"):
+        ServerPorts.from_http(65535)
+
+
+def test_busy_names_the_ports_that_are_taken():
+    import socket
+
+    from deployments.livekit.server import ServerPorts, free_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        ports = ServerPorts(port, free_port(), free_port(socket.SOCK_DGRAM))
+        assert ports.busy() == [f"{port}/tcp"]
+    assert ports.busy() == []

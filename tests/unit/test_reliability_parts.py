@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from characters.audio import chunk_sample_range
-from deployments.recovery import History, prime_windows, recoverable
+from deployments.sessions.recovery import History, prime_windows, recoverable
 from deployments.types import SessionStats
 from placement import Lease, WarmPool
 from placement.names import parse_pg_name, pg_name, session_actor_name, session_actors_of, worker_name

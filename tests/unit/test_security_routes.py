@@ -1,7 +1,7 @@
 """Every route of the served app needs a key when keys are configured, except health and the watch page's
 static files; every gRPC method too. Also: the per-key quota answers 429 + Retry-After (gRPC:
 RESOURCE_EXHAUSTED + retry-after), CORS is off by default, and LiveKit credentials in a request never come
-back in a refusal. The app is built as the ingress builds it (`deployments.app._Ingress`), in process.
+back in a refusal. The app is built as the ingress builds it (`deployments.api.app._Ingress`), in process.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from test_api_grpc import Context
 from test_api_grpc import Scheduler as GrpcScheduler
 from test_api_validation import LIMITS, MemoryScheduler, b64, png
 
-from deployments.api import SessionFrontend, build_http_app
-from deployments.auth import OPEN_PATHS, OPEN_PREFIXES, WS_POLICY_VIOLATION, ApiKeys
-from deployments.grpc_service import CharactersGrpc, GrpcAbort
+from deployments.api.auth import OPEN_PATHS, OPEN_PREFIXES, WS_POLICY_VIOLATION, ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.grpc_service import CharactersGrpc, GrpcAbort
+from deployments.api.http import build_http_app
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.watch import WatchSettings, add_watch_routes
 from deployments.livekit.config import mint_token
-from deployments.proto import characters_pb2 as pb
 from deployments.types import NoCapacity
-from deployments.watch import WatchSettings, add_watch_routes
 
 KEY = "security-key-0123456789abcdef"
 ALLOWED_OPEN = {"/healthz", "/", "/watch"}  # health, and the watch page's redirect and files (no data)
@@ -202,7 +203,7 @@ def test_refusals_never_echo_livekit_credentials(client: TestClient, sched: Memo
 
 
 def test_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from deployments.api import ApiConfig
+    from deployments.api.requests import ApiConfig
 
     monkeypatch.setenv("CHARACTERS_MAX_BODY_BYTES", "4096")
     monkeypatch.setenv("CHARACTERS_MAX_IMAGE_PIXELS", "1024")

@@ -22,13 +22,15 @@ import deployments.settings as settings
 from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.telemetry import StageRecorder, StageTime
-from deployments import telemetry, telemetry_http
+from deployments import telemetry
+from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.workers import ChunkInput, ChunkReport, DecoderWorker, DiTWorker, StageTimer
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import ChunkSampler, SchedulerTelemetry, SessionTelemetry, Telemetry
+from deployments.telemetry import http as telemetry_http
 from deployments.telemetry import names as N
 from deployments.telemetry.receiver import OtlpReceiver, tree
 from deployments.types import OutputSpec, SessionStats
-from deployments.workers import ChunkInput, ChunkReport, DecoderWorker, DiTWorker, RoomWorker, StageTimer
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACE_ID, PARENT_SPAN = PARENT.split("-")[1:3]
@@ -312,7 +314,7 @@ def test_http_requests_get_a_server_span_that_the_routes_carry_on(rx: OtlpReceiv
 
 
 def test_grpc_calls_get_a_server_span_that_the_session_carries_on(rx: OtlpReceiver, tel: Telemetry) -> None:
-    from deployments.grpc_service import server_span
+    from deployments.api.grpc_service import server_span
 
     with server_span("CreateSession", {"traceparent": PARENT}) as (_, carried):
         pass

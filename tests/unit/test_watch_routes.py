@@ -1,4 +1,4 @@
-"""The watch page's routes (deployments.watch) over a scheduler in memory, and the session stats they show:
+"""The watch page's routes (deployments.api.watch) over a scheduler in memory, and the session stats they show:
 viewer tokens grant exactly join + subscribe on the session's room, agent audio over HTTP reaches the
 scheduler byte for byte, refusals take the API's error shape, the page's files need no API key."""
 
@@ -18,11 +18,13 @@ from livekit import api as lkapi
 from memory_scheduler import MemoryScheduler
 
 from characters.telemetry import StageTime
-from deployments import watch
-from deployments.api import ApiConfig, SessionFrontend, build_http_app
-from deployments.auth import ApiKeys
+from deployments.api import watch
+from deployments.api.auth import ApiKeys
+from deployments.api.frontend import SessionFrontend
+from deployments.api.http import build_http_app
+from deployments.api.requests import ApiConfig
 from deployments.livekit.config import LiveKitOutput
-from deployments.session import StageWindow
+from deployments.sessions.runner import StageWindow
 
 ASSETS = Path(__file__).resolve().parents[2] / "characters" / "assets"
 LK = watch.WatchSettings(url="ws://lk.internal:7880", public_url="wss://lk.example.org", api_key="APIkey123",
@@ -73,6 +75,27 @@ def test_config_says_whether_livekit_is_configured(sched: MemoryScheduler) -> No
     with make_client(sched, bad) as c:
         r = c.post("/v1/watch/token", json={"roomName": "r"})
         assert r.status_code == 503 and "CHARACTERS_LIVEKIT_URL 'lk.internal:7880'" in r.json()["error"]["message"]
+
+
+def test_livekit_route_shows_the_server_and_only_a_development_secret(sched: MemoryScheduler) -> None:
+    with make_client(sched, LK) as c:  # a real server: its secret is never disclosed
+        assert c.get("/v1/livekit").json() == {"configured": True, "url": "wss://lk.example.org",
+                                               "apiKey": "APIkey123", "apiSecret": None, "dev": False}
+    dev = watch.WatchSettings(url="ws://127.0.0.1:7880", public_url="ws://127.0.0.1:7880", api_key="devkey",
+                              api_secret="secret", dev=True)
+    with make_client(sched, dev) as c:
+        assert c.get("/v1/livekit").json() == {"configured": True, "url": "ws://127.0.0.1:7880", "apiKey": "devkey",
+                                               "apiSecret": "secret", "dev": True}
+    with make_client(sched, watch.WatchSettings()) as c:
+        assert c.get("/v1/livekit").json() == {"configured": False, "url": None, "apiKey": None, "apiSecret": None,
+                                               "dev": False}
+
+
+def test_livekit_route_needs_a_key_when_keys_are_on(sched: MemoryScheduler) -> None:
+    keys = ApiKeys.parse("backend:" + "k" * 32)
+    with make_client(sched, LK, keys) as c:
+        assert c.get("/v1/livekit").status_code == 401
+        assert c.get("/v1/livekit", headers={"Authorization": "Bearer " + "k" * 32}).json()["apiKey"] == "APIkey123"
 
 
 def test_watch_session_publishes_to_its_own_room_and_the_viewer_may_only_subscribe(
@@ -201,8 +224,9 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
 
     from characters.audio import chunk_sample_range
     from characters.config import session_config
+    from deployments.pipeline.room import RoomWorker
+    from deployments.pipeline.workers import ChunkInput, Frames
     from deployments.types import OutputSpec
-    from deployments.workers import ChunkInput, Frames, RoomWorker
 
     cfg = session_config("tiny", "cpu", model={"generation": {"height": 64, "width": 96}})
     room = RoomWorker(cfg)

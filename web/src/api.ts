@@ -1,4 +1,4 @@
-// The service's HTTP API as the watch page uses it (deployments/api.py, deployments/watch.py).
+// The service's HTTP API as the watch page uses it (deployments/api/http.py, deployments/api/watch.py).
 
 export interface Stats {
   chunks: number;

@@ -43,9 +43,9 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayChannelTimeoutError, RayError, RayTaskError
 
-from deployments import handoff
-from deployments.handoff import ResolvedTransport
-from deployments.workers import ChunkInput, ChunkReport
+from deployments.pipeline import handoff
+from deployments.pipeline.handoff import ResolvedTransport
+from deployments.pipeline.workers import ChunkInput, ChunkReport
 
 
 class ChunkFailure(RuntimeError):

@@ -1,15 +1,15 @@
-"""The gRPC service `characters.v1.Characters` (deployments/proto/characters.proto), served by Serve's gRPC proxy.
+"""The gRPC service `characters.v1.Characters` (deployments/api/proto/characters.proto), served by Serve's gRPC proxy.
 
 Ray Serve 2.60's gRPC proxy carries all four call types, client and bidirectional streaming included
 (the replica receives a `ray.serve.grpc_util.gRPCInputStream`; each request message is pulled from
 the proxy by one actor call). So every RPC here, the bidirectional `StreamAudio` too, is a method of
-the one ingress deployment (`deployments.app.CharactersIngress`), next to the HTTP routes, sharing
+the one ingress deployment (`deployments.api.app.CharactersIngress`), next to the HTTP routes, sharing
 their `SessionFrontend`. The proxy is set up cluster-wide, at `serve.start` or in the RayService's
 `serveConfigV2.grpcOptions`, with `grpc_servicer_functions=GRPC_SERVICER_FUNCTIONS`; it listens on
 `[::]:<port>` (Serve has no host option for gRPC), so bind-to-loopback needs a firewall or
 network policy there.
 
-Errors become status codes with `<code>: <field>: <message>` details (`deployments.errors`); a
+Errors become status codes with `<code>: <field>: <message>` details (`deployments.api.errors`); a
 RESOURCE_EXHAUSTED reply carries `retry-after` trailing metadata. Field names in details are the proto's.
 
 StreamAudio: the first AudioChunk names the session (`session_id`) and may set `after_seq`; every
@@ -29,17 +29,18 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from deployments import telemetry
-from deployments.api import SessionFrontend, SessionOptions
-from deployments.auth import ApiKeys
-from deployments.errors import ApiError, ErrorCode, retry_after_header, validation_error
-from deployments.proto import characters_pb2 as pb
+from deployments.api.auth import ApiKeys
+from deployments.api.errors import ApiError, ErrorCode, retry_after_header, validation_error
+from deployments.api.frontend import SessionFrontend
+from deployments.api.proto import characters_pb2 as pb
+from deployments.api.schemas import SessionOptions
 from deployments.telemetry import names
 from deployments.types import Capacity, SessionEvent, SessionInfo, SessionStatus
 
 if TYPE_CHECKING:
     from ray.serve.grpc_util import RayServegRPCContext
 
-GRPC_SERVICER_FUNCTIONS = ("deployments.proto.characters_pb2_grpc.add_CharactersServicer_to_server",)
+GRPC_SERVICER_FUNCTIONS = ("deployments.api.proto.characters_pb2_grpc.add_CharactersServicer_to_server",)
 
 #: HTTP field names (as ApiError.field holds them) -> the proto's field names, for status details.
 PROTO_FIELDS = {"maxDuration": "max_duration_s", "avatar.image": "image", "id": "session_id"}

@@ -1,6 +1,5 @@
-"""The Runway Characters API shapes that `livekit-plugins-runway` (1.8.9) speaks, the avatar registry,
-and the native API's `output.kind = "livekit"` fields. Models and pure helpers; the routes are in
-`deployments.api`.
+"""The Runway-compatible routes (`/v1/realtime_sessions`, `/v1/avatars`) beside the native API, and the
+Runway Characters API shapes that `livekit-plugins-runway` (1.8.9) speaks.
 
 What the plugin sends (read from its source) and what it needs back:
 
@@ -24,15 +23,11 @@ validated at the served preset's resolution) and returns the `avatarId`; preset 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import threading
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 from fastapi import FastAPI, Header, Request, Response
@@ -41,12 +36,12 @@ from pydantic.alias_generators import to_camel
 
 from characters.config import MODEL_PRESETS
 from characters.media import load_image
-from deployments.errors import ApiError, ErrorCode, error_responses
+from deployments.api.avatars import AvatarCreateIn, AvatarOut, iso
+from deployments.api.errors import ApiError, ErrorCode, error_responses
+from deployments.api.frontend import SessionFrontend
+from deployments.api.requests import decode_base64_image, key_id, load_avatar, trace_context
 from deployments.livekit.config import LiveKitConfigError, LiveKitOutput
 from deployments.types import OutputSpec, SessionInfo, SessionSpec, SessionStatus
-
-if TYPE_CHECKING:
-    from deployments.api import SessionFrontend
 
 RUNWAY_VERSION = "2024-11-06"
 RUNWAY_MODEL = "gwm1_avatars"
@@ -93,10 +88,6 @@ class _RunwayOut(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
 
 
-def _iso(t: float | None) -> str | None:
-    return None if t is None else datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat().replace("+00:00", "Z")
-
-
 RunwayStatus = Literal["PENDING", "READY", "RUNNING", "COMPLETED", "CANCELLED", "FAILED"]
 
 
@@ -127,8 +118,8 @@ class RealtimeSessionOut(_RunwayOut):
     @classmethod
     def of(cls, info: SessionInfo) -> RealtimeSessionOut:
         status = runway_status(info)
-        return cls(id=info.id, status=status, created_at=_iso(info.created_at), started_at=_iso(info.started_at),
-                   ended_at=_iso(info.ended_at), failure=info.reason if status == "FAILED" else None,
+        return cls(id=info.id, status=status, created_at=iso(info.created_at), started_at=iso(info.started_at),
+                   ended_at=iso(info.ended_at), failure=info.reason if status == "FAILED" else None,
                    end_reason=info.reason if status in ("COMPLETED", "CANCELLED") else None)
 
 
@@ -155,106 +146,6 @@ def _field_of(message: str) -> str:
         if message.startswith(name) or f" {name} " in message:
             return name
     return "url"
-
-
-# ----------------------------------------------------------------------------------------- avatars
-
-
-class AvatarCreateIn(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True, strict=True)
-
-    image: str = Field(description="The reference image (PNG, JPEG or WebP) in base64; a data URL prefix is "
-                                   "accepted.", json_schema_extra={"format": "byte"})
-    name: str | None = Field(default=None, max_length=128)
-
-
-class AvatarOut(_RunwayOut):
-    id: str
-    name: str | None
-    width: int
-    height: int
-    created_at: str | None
-
-
-@dataclass(frozen=True)
-class Avatar:
-    id: str
-    name: str | None
-    image: np.ndarray  # (H, W, 3) uint8 at the served preset's resolution
-    created_at: float
-
-    def out(self) -> AvatarOut:
-        h, w = self.image.shape[:2]
-        return AvatarOut(id=self.id, name=self.name, width=w, height=h, created_at=_iso(self.created_at))
-
-
-class AvatarStore:
-    """Registered reference images, in memory, at most `max_avatars` (a full store refuses; nothing is
-    evicted). Thread-safe; raises nothing (it also runs inside the shared actor, `deployments.avatars`)."""
-
-    def __init__(self, max_avatars: int = 256) -> None:
-        self.max_avatars = max_avatars
-        self._avatars: OrderedDict[str, Avatar] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, image: np.ndarray, name: str | None, now: float) -> Avatar | None:
-        """The new avatar, or None when the store is full."""
-        with self._lock:
-            if len(self._avatars) >= self.max_avatars:
-                return None
-            avatar = Avatar(uuid.uuid4().hex, name, image, now)
-            self._avatars[avatar.id] = avatar
-            return avatar
-
-    def get(self, avatar_id: str) -> Avatar | None:
-        with self._lock:
-            return self._avatars.get(avatar_id)
-
-    def delete(self, avatar_id: str) -> bool:
-        with self._lock:
-            return self._avatars.pop(avatar_id, None) is not None
-
-
-class AvatarRegistry:
-    """`/v1/avatars` as the routes see it: async, refusals as ApiErrors. Over an in-process `AvatarStore`
-    by default (one process: tests, a single replica); `deployments.avatars.SharedAvatars` backs it with
-    one actor for the whole service, so an avatar registered through one ingress replica is usable
-    through every other."""
-
-    def __init__(self, max_avatars: int = 256) -> None:
-        self.max_avatars = max_avatars
-        self._store = AvatarStore(max_avatars)
-
-    async def _add(self, image: np.ndarray, name: str | None, now: float) -> Avatar | None:
-        return self._store.add(image, name, now)
-
-    async def _get(self, avatar_id: str) -> Avatar | None:
-        return self._store.get(avatar_id)
-
-    async def _delete(self, avatar_id: str) -> bool:
-        return self._store.delete(avatar_id)
-
-    async def add(self, image: np.ndarray, name: str | None, now: float) -> Avatar:
-        avatar = await self._add(image, name, now)
-        if avatar is None:
-            raise ApiError(422, ErrorCode.REJECTED, f"the avatar registry is full ({self.max_avatars} avatars); "
-                           "delete unused ones with DELETE /v1/avatars/{id}")
-        return avatar
-
-    async def get(self, avatar_id: str, field: str = "id") -> Avatar:
-        avatar = await self._get(avatar_id)
-        if avatar is None:
-            raise _avatar_not_found(avatar_id, field)
-        return avatar
-
-    async def delete(self, avatar_id: str) -> None:
-        if not await self._delete(avatar_id):
-            raise _avatar_not_found(avatar_id, "id")
-
-
-def _avatar_not_found(avatar_id: str, field: str) -> ApiError:
-    return ApiError(404 if field == "id" else 422, "avatar_not_found",
-                    f"no avatar with id {avatar_id[:128]!r}; register the image with POST /v1/avatars", field)
 
 
 @cache
@@ -293,13 +184,8 @@ async def realtime_spec(frontend: SessionFrontend, body: RealtimeSessionIn, api_
 
 def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: list[Any]) -> None:
     """`/v1/realtime_sessions` (Runway-compatible) and `/v1/avatars` on the native app, same auth and errors."""
-    from deployments.api import decode_base64_image, load_avatar  # deployments.api imports this module
-
     config = frontend.config
     route: dict[str, Any] = {"dependencies": dependencies, "tags": ["runway"], "include_in_schema": IN_SCHEMA}
-
-    def key_id(request: Request) -> str | None:
-        return getattr(request.state, "api_key_id", None)
 
     @app.post("/v1/realtime_sessions", response_model=RealtimeSessionOut, **route,
               responses=error_responses(400, 401, 413, 422, 429, 503),
@@ -307,8 +193,7 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
     async def create_realtime(body: RealtimeSessionIn, request: Request,
                               x_runway_version: str | None = Header(default=None)) -> RealtimeSessionOut:
         check_request(body, x_runway_version)
-        trace = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
-        spec = await realtime_spec(frontend, body, key_id(request), trace)
+        spec = await realtime_spec(frontend, body, key_id(request), trace_context(request))
         return RealtimeSessionOut.of(await frontend.submit(spec))
 
     @app.get("/v1/realtime_sessions/{session_id}", response_model=RealtimeSessionOut, **route,

@@ -1,4 +1,4 @@
-"""HTTP request tracing for the Serve ingress: an ASGI middleware installed by `deployments.app`.
+"""HTTP request tracing for the Serve ingress: an ASGI middleware installed by `deployments.api.app`.
 
 Each request (but `/healthz` and CORS preflights) gets a SERVER span named `{method} {route}`, a child of
 the caller's W3C `traceparent`/`tracestate` when it sent one. The middleware then *replaces* those two

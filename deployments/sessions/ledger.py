@@ -30,9 +30,9 @@ from ray.exceptions import RayError
 from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from characters.config import SessionConfig
-from deployments.runtime import Slot
+from deployments.pipeline.workers import STAGES
+from deployments.sessions.slot import Slot
 from deployments.types import NAMESPACE
-from deployments.workers import STAGES
 from placement.actor import node_of, release
 from placement.bundles import PlacementSpec, bundles_for
 from placement.names import parse_pg_name, session_actors_of, worker_name

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deployments.errors import ApiError, ErrorCode
+from deployments.api.errors import ApiError, ErrorCode
 from deployments.settings import EnvVar
 
 API_KEYS = EnvVar("CHARACTERS_API_KEYS", str, "", "comma-separated key_id:key pairs (or bare keys); empty: no auth")

@@ -1,7 +1,7 @@
 """The watch page: a small web front end served by the ingress, and the routes it calls (no Ray imports).
 
     GET    /                         -> 307 /watch/
-    GET    /watch/                   the page (web/, built by vite into deployments/watch_page/)
+    GET    /watch/                   the page (web/, built by vite into deployments/api/watch_page/)
     GET    /watch/samples/face.png   the bundled sample face; /watch/samples/speech.wav: its sample speech
     GET    /v1/watch/config          WatchConfigOut: is a LiveKit server configured, its URL, the preset's size
     POST   /v1/watch/sessions        WatchSessionIn -> 201 WatchSessionOut: a session publishing into a new
@@ -48,13 +48,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from characters.config import MODEL_PRESETS
-from deployments.api import AvatarIn, CreateSessionRequest, SessionFrontend, SessionOut, decode_base64_image
-from deployments.errors import ApiError, ErrorCode, error_responses
+from deployments.api.errors import ApiError, ErrorCode, error_responses
+from deployments.api.frontend import SessionFrontend
+from deployments.api.requests import decode_base64_image
+from deployments.api.schemas import AvatarIn, CreateSessionRequest, SessionOut
 from deployments.livekit.config import LiveKitConfigError, check_url
-from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
+from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_DEV, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
 
 PAGE_DIR = Path(__file__).resolve().parent / "watch_page"  # vite's output (web/vite.config.ts)
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "characters" / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "characters" / "assets"
 SAMPLES = {"face.png": ("sample_face.png", "image/png"), "speech.wav": ("sample_speech.wav", "audio/wav")}
 VIEWER_TTL = datetime.timedelta(hours=2)
 ROOM_PREFIX = "watch-"
@@ -73,10 +75,13 @@ class WatchSettings:
     api_key: str = ""
     api_secret: str = ""
 
+    dev: bool = False  # the server of `characters serve --livekit-dev`: its secret is the public dev one
+
     @classmethod
     def from_env(cls) -> WatchSettings:
         url = LIVEKIT_URL.get()
-        return cls(url, LIVEKIT_PUBLIC_URL.get() or url, LIVEKIT_API_KEY.get(), LIVEKIT_API_SECRET.get())
+        return cls(url, LIVEKIT_PUBLIC_URL.get() or url, LIVEKIT_API_KEY.get(), LIVEKIT_API_SECRET.get(),
+                   LIVEKIT_DEV.get())
 
     @property
     def configured(self) -> bool:
@@ -122,7 +127,7 @@ def wav_pcm(raw: bytes) -> tuple[bytes, int, int]:
 # ------------------------------------------------------------------------------------------- schemas
 
 
-class _In(BaseModel):  # as deployments.api's requests: camelCase, strict, no unknown fields
+class _In(BaseModel):  # as deployments.api.http's requests: camelCase, strict, no unknown fields
     model_config = ConfigDict(alias_generator=to_camel, extra="forbid", frozen=True, strict=True)
 
 
@@ -157,6 +162,15 @@ class ViewerOut(_Out):
     token: str = Field(description="Join + subscribe on this room only; valid for 2 hours.")
 
 
+class LiveKitOut(_Out):
+    configured: bool = Field(description="The service has a LiveKit server of its own (the watch page's).")
+    url: str | None = Field(description="Its URL as clients reach it (ws:// or wss://).")
+    api_key: str | None = Field(description="Its API key (to mint tokens for rooms on it).")
+    api_secret: str | None = Field(description="Only for `characters serve --livekit-dev`'s development server, "
+                                   "whose secret is public; null for any other server (never disclosed).")
+    dev: bool = Field(description="It is the development server of `characters serve --livekit-dev`.")
+
+
 class WatchSessionOut(_Out):
     session: SessionOut
     viewer: ViewerOut
@@ -184,6 +198,14 @@ def add_watch_routes(app: FastAPI, frontend: SessionFrontend, settings: WatchSet
         g = MODEL_PRESETS[preset].generation
         return WatchConfigOut(livekit=settings.configured, url=settings.public_url or None, preset=preset,
                               width=g.width, height=g.height, fps=g.fps, max_duration=config.max_duration_s)
+
+    @app.get("/v1/livekit", response_model=LiveKitOut, **route, responses=error_responses(401),
+             summary="The service's own LiveKit server (URL, key; the secret of a development server)")
+    async def livekit() -> LiveKitOut:
+        return LiveKitOut(configured=settings.configured, url=settings.public_url or None,
+                          api_key=settings.api_key or None,
+                          api_secret=settings.api_secret if settings.dev and settings.configured else None,
+                          dev=settings.dev)
 
     @app.post("/v1/watch/sessions", status_code=201, response_model=WatchSessionOut, **route,
               responses=error_responses(400, 401, 413, 422, 503), summary="Start a character in a new LiveKit room")

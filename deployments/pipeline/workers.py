@@ -1,26 +1,23 @@
-"""Workers of one slot: DiT ranks, the decoder and the room. Thin adapters over `characters.engine`.
+"""Workers of one slot: the DiT ranks and the decoder (the room: `deployments.pipeline.room`), thin adapters
+over `characters.engine`; and the messages chunks travel in.
 
-Each is a plain class (tests construct them directly); `deployments.runtime` makes Ray actors of them
+Each is a plain class (tests construct them directly); `deployments.sessions.slot` makes Ray actors of them
 with `ray.remote(cls).options(...)`, inside the slot's placement group. DiT and decoder workers go
 through named, timed stages, in this order, before the slot is ready:
 
     init_device -> init_process_group -> load_weights -> warm_up -> ready
 
 Per session: `DecoderWorker.encode_reference` -> `DiTWorker.start` on every rank -> `DecoderWorker.start`
--> `RoomWorker.open`; then chunks flow DiT ranks -> decoder -> room (`deployments.pipeline`); at the
+-> `RoomWorker.open`; then chunks flow DiT ranks -> decoder -> room (`deployments.pipeline.graph`); at the
 end `reset` on every worker wipes all session state (KV cache, audio history, decoder state, sink).
 """
 
 from __future__ import annotations
 
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,15 +25,11 @@ import torch.distributed as dist
 
 from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
-from characters.media import Mp4Writer
 from characters.process_group import free_port, join
 from characters.telemetry import StageTime
-from deployments import telemetry
-from deployments.handoff import REFERENCE, Latents, pack, unpack
-from deployments.livekit.config import LiveKitOutput
+from deployments.pipeline.handoff import REFERENCE, Latents, pack, unpack
 from deployments.settings import GLOO_SOCKET_IFNAME
 from deployments.telemetry.stages import StageHook, chunk_recorder, stage_spans
-from deployments.types import OutputSpec
 
 STAGES = ("init_device", "init_process_group", "load_weights", "warm_up")
 
@@ -364,180 +357,3 @@ class DecoderWorker:
             raise RuntimeError(f"decoder used before load_weights (stages done: {list(self.timer.seconds)}); "
                                "run the stages in order first")
         return self.runner, self.encoder
-
-
-# ------------------------------------------------------------------------------------------ room
-
-
-class MediaSink(Protocol):
-    """Where a session's frames and audio go; the seam where a LiveKit publisher plugs in later."""
-
-    def write(self, frames: np.ndarray, pcm: np.ndarray) -> None: ...  # (F, H, W, 3) uint8, (n,) float32
-
-    def close(self) -> None: ...
-
-
-class NullSink:
-    """Output kind "null": counts and discards."""
-
-    def __init__(self) -> None:
-        self.frames = 0
-
-    def write(self, frames: np.ndarray, pcm: np.ndarray) -> None:
-        self.frames += len(frames)
-
-    def close(self) -> None:
-        pass
-
-
-class Mp4Sink:
-    """Output kind "file": H.264 + AAC MP4, frames of chunk k muxed with chunk k's audio."""
-
-    def __init__(self, path: Path, width: int, height: int, fps: int, sample_rate: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = Mp4Writer(path, width, height, fps=fps, sample_rate=sample_rate)
-
-    def write(self, frames: np.ndarray, pcm: np.ndarray) -> None:
-        self.writer.write_frames(frames)
-        self.writer.write_audio(pcm)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class PlayoutMeter:
-    """Playout schedule of a chunk stream against a clock: late chunks and delivered fps.
-
-    Playout starts `buffer_s` after chunk 0 arrives (a jitter buffer). Chunk k is due one chunk after
-    chunk k-1 played; arriving after that it is *late*: it plays on arrival, and the schedule slips by
-    the lateness (the viewer sees a freeze that long). Delivered fps is frames per second of playout
-    over the last `window` chunks (24 when nothing is late).
-    """
-
-    def __init__(self, chunk_s: float, frames_per_chunk: int, buffer_s: float = 0.0, window: int = 12) -> None:
-        self.chunk_s, self.frames_per_chunk, self.buffer_s = chunk_s, frames_per_chunk, buffer_s
-        self.played: deque[float] = deque(maxlen=max(2, window))  # play times of the last chunks
-        self.late = 0
-        self.chunks = 0
-
-    def on_chunk(self, now: float) -> tuple[bool, float]:
-        """A chunk arrived at `now`: (late?, lateness in seconds)."""
-        due = now + self.buffer_s if not self.played else self.played[-1] + self.chunk_s
-        lateness = max(0.0, now - due)
-        self.played.append(max(due, now))
-        self.chunks += 1
-        self.late += lateness > 0
-        return lateness > 0, lateness
-
-    def queued_s(self, now: float) -> float:
-        """Media queued ahead of the playhead at `now`: the last chunk's playout end minus now."""
-        return max(0.0, self.played[-1] + self.chunk_s - now) if self.played else 0.0
-
-    @property
-    def delivered_fps(self) -> float:
-        if len(self.played) < 2:
-            return 0.0
-        span = self.played[-1] - self.played[0]
-        return (len(self.played) - 1) * self.frames_per_chunk / span if span > 0 else 0.0
-
-
-class SessionAudioHandler:
-    """The room's agent-audio callbacks, forwarded to the session actor (never blocking the room's loop):
-    agent speech -> the session's audio queue, `lk.clear_buffer` -> drop queued audio (the room awaits
-    the dropped-sample count), END_CALL / agent left / room empty / max duration -> end the session.
-    Every call names `session_id`: the slot's session actor serves session after session, and drops a
-    late call meant for one that already ended."""
-
-    def __init__(self, session: Any, session_id: str) -> None:
-        self.session, self.session_id = session, session_id
-
-    def push_audio(self, pcm16: bytes, sample_rate: int, channels: int) -> object:
-        return self.session.push_audio.remote(self.session_id, pcm16, sample_rate, channels)
-
-    def clear_audio(self) -> Any:
-        return self.session.clear_audio.remote(self.session_id)  # an ObjectRef: awaitable on the room's loop
-
-    def end_session(self, reason: str) -> object:
-        return self.session.stop.remote(self.session_id, reason)
-
-
-def frames_digest(frames: np.ndarray) -> str:
-    """64-bit fingerprint of a chunk's frames: CRC-32 of each half of their bytes, read in place.
-
-    Reports carry it so runs can be compared chunk by chunk (determinism, TP vs one GPU). A 480x832 chunk is
-    14 MB: blake2b over a copy took 18 ms of the room's CPU per chunk, this takes 3.4 ms."""
-    data = np.ascontiguousarray(frames).data.cast("B")
-    half = len(data) // 2
-    return f"{zlib.crc32(data[:half]):08x}{zlib.crc32(data[half:]):08x}"
-
-
-class RoomWorker:
-    """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
-
-    def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
-                 buffer_chunks: float = 1.0) -> None:
-        self.cfg, self.clock = cfg, clock
-        telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
-        g = cfg.model.generation
-        self.chunk_s = g.frames_per_chunk / g.fps
-        self.buffer_s = buffer_chunks * self.chunk_s
-        self.sink: MediaSink | None = None
-        self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
-        self.session_id: str | None = None
-
-    def open(self, session_id: str, output: OutputSpec | LiveKitOutput, path: str | None = None,
-             session: Any = None, max_duration_s: float | None = None) -> None:
-        """Start publishing for `session_id`: "file" writes an MP4 at `path`, "null" discards."""
-        self.close()
-        m = self.cfg.model
-        g = m.generation
-        if output.kind == "file":
-            if path is None:
-                raise ValueError("output kind 'file' needs a path; the scheduler resolves it under output_dir")
-            self.sink = Mp4Sink(Path(path), g.width, g.height, g.fps, m.audio.sample_rate)
-        elif output.kind == "livekit":
-            from deployments.livekit.config import MediaFormat
-            from deployments.livekit.sink import LiveKitSink
-
-            if not isinstance(output, LiveKitOutput):
-                raise TypeError(f"output kind 'livekit' needs a LiveKitOutput, got {type(output).__name__}")
-            sink = LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk),
-                               SessionAudioHandler(session, session_id) if session is not None else None,
-                               max_duration_s=None if max_duration_s is None else max_duration_s + 5)
-            sink.start()  # RoomError: the session fails to start, with the reason
-            self.sink = sink
-        else:
-            self.sink = NullSink()
-        self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
-        self.session_id = session_id
-
-    def publish(self, inp: ChunkInput, frames: Frames) -> ChunkReport:
-        if self.sink is None or frames.session_id != self.session_id or (inp.session_id, inp.chunk) != (
-                frames.session_id, frames.chunk):
-            raise SessionMismatch(
-                f"room for session {self.session_id!r} got frames of {frames.session_id!r} chunk {frames.chunk} "
-                f"with audio of {inp.session_id!r} chunk {inp.chunk}; open the room for the session first"
-            )
-        t0 = time.time_ns()
-        now = self.clock()
-        late, lateness = self.meter.on_chunk(now)
-        self.sink.write(frames.frames, inp.pcm)
-        digest = frames_digest(frames.frames)
-        stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
-        buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
-        if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements
-            buffer_s, av_offset_s = room.playout.buffered_s, room.playout.av_offset_ms / 1e3
-        return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
-                           digest, now, stages, buffer_s, av_offset_s)
-
-    def close(self) -> None:
-        """Finish the output (the MP4 trailer). Idempotent."""
-        sink, self.sink, self.session_id = self.sink, None, None
-        if sink is not None:
-            sink.close()
-
-    def reset(self) -> None:
-        self.close()
-
-    def ping(self) -> str:
-        return "room"

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from characters.audio import chunk_sample_range
-from deployments.pipeline import Workers
+from deployments.pipeline.graph import Workers
+from deployments.pipeline.workers import ChunkInput
 from deployments.types import SessionStats
-from deployments.workers import ChunkInput
 
 RECOVER_MAX_ATTEMPTS = 3  # recoveries per session; the next failure ends it FAILED
 RECOVERABLE = ("actor_died", "chunk_timeout", "session_failed")  # failure reasons worth a new bundle

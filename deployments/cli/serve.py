@@ -1,21 +1,25 @@
 """`characters serve`: run the Serve application on a local Ray cluster (or the one in RAY_ADDRESS).
 
-    run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000, livekit_dev=False) -> exit code
+    run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000, livekit_dev=False,
+              livekit_port=7880) -> exit code
 
 - No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
   service (tiny preset, CPU topology) unless the config says otherwise. With RAY_ADDRESS: joins that
   cluster and deploys the app there.
-- `config_path`: a YAML file holding the app args of `deployments.app.build_app`
+- `config_path`: a YAML file holding the app args of `deployments.api.app.build_app`
   (`{service: {...}, api: {...}, ingress: {...}}`); None: the defaults plus CHARACTERS_* variables.
 - Prints the HTTP and gRPC addresses, then blocks until Ctrl-C or SIGTERM, then deletes the app
   (joined cluster) or shuts Serve and Ray down (own cluster), and returns 0. Bad config: 2.
 - `grpc_port=0` turns the gRPC proxy off. Serve's gRPC proxy listens on all interfaces (it has no
   host option), whatever `host` is.
 - `livekit_dev`: also start a development LiveKit server on loopback (`deployments.livekit.server`:
-  built once by scripts/install_livekit.sh, free ports, the public --dev keys) and point the watch page
-  (`/watch/`) at it through CHARACTERS_LIVEKIT_*; own cluster only. It stops after Serve and Ray.
+  built once by scripts/install_livekit.sh, the public --dev keys) on `livekit_port` (default 7880, as
+  LiveKit's docs assume; ICE/TCP and UDP on the next two ports) and point the service at it through
+  CHARACTERS_LIVEKIT_*; own cluster only. Its URL, key and secret are printed with the addresses and
+  answered by `GET /v1/livekit`. It stops after Serve and Ray.
 
-Also runnable as `python -m deployments.serve_cli [--config F] [--host H] [--port P] [--grpc-port G] [--livekit-dev]`.
+Also runnable as `python -m deployments.cli.serve [--config F] [--host H] [--port P] [--grpc-port G]
+[--livekit-dev [--livekit-port L]]`.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from deployments.types import NAMESPACE, SCHEDULER_NAME, Capacity
 if TYPE_CHECKING:
     from deployments.livekit.server import LiveKitServer
 
-DEFAULT_HOST, DEFAULT_PORT, DEFAULT_GRPC_PORT = "127.0.0.1", 8000, 9000
+DEFAULT_HOST, DEFAULT_PORT, DEFAULT_GRPC_PORT, DEFAULT_LIVEKIT_PORT = "127.0.0.1", 8000, 9000, 7880
 SCHEDULER_SHUTDOWN_S = 15.0
 GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # Serve's default is 2 GiB: cap what its proxy will buffer
 
@@ -65,7 +69,10 @@ def _load_args(config_path: str | None) -> dict[str, Any]:
 
 
 def _port_in_use(host: str, port: int) -> bool:
+    """Does something listen on `port`? Probed as the servers bind (SO_REUSEADDR, as uvicorn and gRPC do), so
+    the connections a server that just stopped leaves in TIME_WAIT do not count: only a live listener does."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -84,22 +91,28 @@ def _end_sessions(ray: Any) -> None:
         _say(f"the scheduler did not shut down cleanly ({type(e).__name__}); stopping anyway")
 
 
-def _start_livekit_dev() -> LiveKitServer:
-    """A development LiveKit server on loopback; the watch page's CHARACTERS_LIVEKIT_* point at it."""
-    from deployments.livekit.server import LiveKitServer, install_server
-    from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
+def _start_livekit_dev(http_port: int) -> LiveKitServer:
+    """A development LiveKit server on loopback at `http_port` (+1 ICE/TCP, +2 UDP); the service's
+    CHARACTERS_LIVEKIT_* point at it. RuntimeError when its ports are taken or it does not start."""
+    from deployments.livekit.server import LiveKitServer, ServerPorts, install_server
+    from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_DEV, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
 
+    ports = ServerPorts.from_http(http_port)
+    if busy := ports.busy():
+        raise RuntimeError(f"the LiveKit ports {', '.join(busy)} are in use (another LiveKit server?); stop it, or "
+                           "pass another --livekit-port (its next two ports must be free too)")
     _say("--livekit-dev: installing the LiveKit server (cached after the first build)")
-    server = LiveKitServer(install_server(), Path(tempfile.mkdtemp(prefix="characters-livekit-")))
+    server = LiveKitServer(install_server(), Path(tempfile.mkdtemp(prefix="characters-livekit-")), ports)
     server.start()
     os.environ.update({LIVEKIT_URL.name: server.url, LIVEKIT_PUBLIC_URL.name: server.url,
-                       LIVEKIT_API_KEY.name: server.api_key, LIVEKIT_API_SECRET.name: server.api_secret})
-    _say(f"LiveKit {server.url} (development keys; log {server.log_path})")
+                       LIVEKIT_API_KEY.name: server.api_key, LIVEKIT_API_SECRET.name: server.api_secret,
+                       LIVEKIT_DEV.name: "true"})
     return server
 
 
 def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-              grpc_port: int = DEFAULT_GRPC_PORT, livekit_dev: bool = False) -> int:
+              grpc_port: int = DEFAULT_GRPC_PORT, livekit_dev: bool = False,
+              livekit_port: int = DEFAULT_LIVEKIT_PORT) -> int:
     """Serve until Ctrl-C / SIGTERM (see the module docstring). Returns the process exit code."""
     address = os.environ.get("RAY_ADDRESS") or None
     if livekit_dev and address is not None:
@@ -111,7 +124,7 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     os.environ.setdefault("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", str(GRPC_MAX_MESSAGE_BYTES))
     try:
         args = _load_args(config_path)
-        from deployments.app import parse_args  # imports Ray: after the environment is set
+        from deployments.api.app import parse_args  # imports Ray: after the environment is set
 
         service, _, _ = parse_args(args)
     except ValueError as e:
@@ -125,16 +138,16 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     import ray
     from ray import serve
 
-    from deployments.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
-    from deployments.runtime import init_local, stop_local
+    from deployments.api.app import APP_NAME, GRPC_SERVICER_FUNCTIONS, build_app, connect_scheduler
+    from deployments.sessions.cluster import init_local, stop_local
 
     stop = threading.Event()
     livekit: LiveKitServer | None = None
     try:
         if livekit_dev:
             try:
-                livekit = _start_livekit_dev()  # before Ray starts: its processes inherit the environment
-            except RuntimeError as e:
+                livekit = _start_livekit_dev(livekit_port)  # before Ray: its processes inherit the environment
+            except (RuntimeError, ValueError) as e:
                 _say(f"--livekit-dev: {e}")
                 return 2
         if address is None:
@@ -159,6 +172,9 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
         if grpc_port:
             _say(f"gRPC  {host}:{grpc_port}  service characters.v1.Characters")
         _say(f"Watch http://{host}:{port}/watch/")
+        if livekit is not None:
+            _say(f"LiveKit {livekit.url}  API key {livekit.api_key}  secret {livekit.api_secret}  (development "
+                 f"server; GET /v1/livekit; log {livekit.log_path})")
         _say("Ctrl-C to stop")
         while not stop.wait(0.5):
             pass
@@ -187,13 +203,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
                    help=f"gRPC port (default {DEFAULT_GRPC_PORT}; 0: no gRPC)")
     p.add_argument("--livekit-dev", action="store_true",
-                   help="also start a development LiveKit server on loopback for the watch page (/watch/)")
+                   help="also start a development LiveKit server on loopback as the service's own (the watch "
+                        "page's; its URL and keys: GET /v1/livekit)")
+    p.add_argument("--livekit-port", type=int, default=DEFAULT_LIVEKIT_PORT,
+                   help=f"--livekit-dev's HTTP/WebSocket port (default {DEFAULT_LIVEKIT_PORT}; ICE/TCP and UDP take "
+                        "the next two)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    return run_serve(a.config, a.host, a.port, a.grpc_port, a.livekit_dev)
+    return run(a)
+
+
+def run(a: argparse.Namespace) -> int:
+    """`run_serve` with the parsed arguments of `build_parser`."""
+    return run_serve(a.config, a.host, a.port, a.grpc_port, a.livekit_dev, a.livekit_port)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """SessionScheduler: the named, detached actor that admits sessions onto slots and tracks them.
 
-It applies the pure policy (`placement.decide` / `drain` / `commit`) to a ledger built from
-`ray.nodes()` and its own slots (`placement.actor.ledger`), and the `WarmPool` bookkeeping to its
-slots. The ledger is recomputed from the slots it holds (one `Admit` each), so releasing a slot is
-dropping its record: there is no separate count to drift. Every decision runs under one asyncio
+It decides nothing itself: the pure policy (`placement.decide` / `drain` / `commit`) decides, over a
+ledger built from `ray.nodes()` and the bundles its slots hold (`placement.actor.ledger`); the slots'
+lifecycle is `SlotManager`'s (`deployments.sessions.slots`) and the sessions' records `SessionBook`'s
+(`deployments.sessions.book`). The ledger is recomputed from the slots held (one `Admit` each), so
+releasing a slot is dropping its record: there is no separate count to drift. Every decision runs under one asyncio
 lock with no await inside, so concurrent calls never over-commit. On every event (`_dispatch`):
 
     1. expire queued requests past their deadline (FAILED, queue_timeout)
@@ -17,14 +18,14 @@ start), else queues (bounded, with a deadline) or is refused with `NoCapacity(re
 it ends, its slot is reset (every worker wipes its session state, the slot's SessionActor forgets
 it) and returned to the pool, or removed (actors killed, placement group removed) when it is above
 target or any actor failed. A slot's SessionActor lives as long as the slot and drives its sessions
-one after another over one compiled graph (`deployments.pipeline`).
+one after another over one compiled graph (`deployments.pipeline.graph`).
 
 Faults. A dead worker or session actor ends its session FAILED within a chunk or two (the compiled
 graph raises `ActorDiedError`; a dead SessionActor fails its `outcome` call) and its slot is removed.
-A `recover` session instead resumes on a fresh bundle (`deployments.recovery`). Slots and session
+A `recover` session instead resumes on a fresh bundle (`deployments.sessions.recovery`). Slots and session
 actors are detached and named (`placement.names`): when the scheduler itself dies, Ray restarts it
 (`max_restarts=-1`, same handle) while sessions stream on, and on start it adopts what its
-predecessor left (`deployments.ledger`) before deciding anything, so no bundle is booked twice.
+predecessor left (`deployments.sessions.ledger`) before deciding anything, so no bundle is booked twice.
 """
 
 from __future__ import annotations
@@ -33,30 +34,23 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import RayError
 
-from deployments.ledger import Discovery, discover
-from deployments.pipeline import classify
-from deployments.recovery import RECOVER_MAX_ATTEMPTS, Resume, recoverable
-from deployments.runtime import (
-    Slot,
-    build_slot,
-    cluster_has_gpus,
-    destroy_slot,
-    ping_slot,
-    reset_slot,
-)
-from deployments.session import Outcome, Report
+from deployments.pipeline.graph import classify
+from deployments.sessions.book import SessionBook, SessionRecord
+from deployments.sessions.cluster import cluster_has_gpus
+from deployments.sessions.ledger import Discovery, discover
+from deployments.sessions.recovery import RECOVER_MAX_ATTEMPTS, Resume, recoverable
+from deployments.sessions.runner import Outcome, Report
+from deployments.sessions.slot import Slot
+from deployments.sessions.slots import RaySlotOps, SlotManager, SlotOps
 from deployments.settings import ServiceConfig
-from deployments.telemetry import Admission, SchedulerTelemetry, SlotTrace, leaked_placement_groups, setup
+from deployments.telemetry import SchedulerTelemetry, leaked_placement_groups, setup
 from deployments.types import (
     NAMESPACE,
     SCHEDULER_NAME,
@@ -67,7 +61,6 @@ from deployments.types import (
     SessionSpec,
     SessionStats,
     SessionStatus,
-    UnknownSession,
 )
 from placement import (
     AdmissionQueue,
@@ -78,7 +71,6 @@ from placement import (
     PlacementSpec,
     Reject,
     Request,
-    WarmPool,
     best_fit,
     bundles_for,
     commit,
@@ -95,51 +87,16 @@ END_WAIT_S = 5.0  # end_session waits this long for the session to reach ENDED
 PENDING_AUDIO_MAX_BYTES = 16000 * 2 * 2 * 60  # audio held for a session not yet started: 60 s stereo 16 kHz
 
 
-@dataclass
-class _Session:
-    info: SessionInfo
-    spec: SessionSpec
-    events: deque[SessionEvent]
-    bell: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) on every change
-    seq: int = 0
-    own_slot: str | None = None  # the slot its admission created (cold start)
-    lease: Lease | None = None
-    actor: Any = None
-    end_reason: str | None = None
-    pending_audio: list[tuple[bytes, int, int]] = field(default_factory=list)
-    admission: Admission | None = None  # its admission span and arrival (telemetry)
-    adopted: bool = False  # found running by a restarted scheduler: its outcome comes from `outcome()`
-    resume: Resume | None = None  # set while it recovers onto a new slot
-    recoveries: int = 0
-
-    @property
-    def terminal(self) -> bool:
-        return self.info.status.terminal
-
-
-@dataclass
-class _SlotRecord:
-    slot_id: str
-    admit: Admit  # what the slot holds in the ledger
-    slot: Slot | None = None  # None while building
-    built_for: str | None = None
-    trace: SlotTrace | None = None  # the slot's own trace (telemetry)
-
-
 DRAIN_RETRY_AFTER_S = 1.0
-_NO_IMAGE = np.zeros((0, 0, 3), np.uint8)  # an ended session's spec keeps no reference image
 
 
 class SessionScheduler:
     """Async Ray actor (see the module docstring); create it with `get_or_create_scheduler`."""
 
-    def __init__(self, service: ServiceConfig, name: str = SCHEDULER_NAME) -> None:
+    def __init__(self, service: ServiceConfig, name: str = SCHEDULER_NAME, ops: SlotOps | None = None) -> None:
         self.service, self.name = service, name  # the actor's name: its slots' placement groups carry it
         self.cfg = service.session_config()
         self.lock = asyncio.Lock()
-        self.sessions: dict[str, _Session] = {}
-        self.slots: dict[str, _SlotRecord] = {}
-        self.pool = WarmPool(service.warm_slots)
         self.queue = AdmissionQueue(service.queue_max)
         self.waiting: list[str] = []  # admitted, waiting for a slot to become free
         self.nodes: list[dict[str, Any]] = []
@@ -152,6 +109,12 @@ class SessionScheduler:
         self._demand: int | None = None
         self._nodes_at = float("-inf")
         self.tele = SchedulerTelemetry(setup("scheduler"))  # OTEL_* of this actor's process (off by default)
+        self.book = SessionBook(self.tele, events_max=service.events_max, ended_max=service.ended_max)
+        self.sessions = self.book.sessions
+        self._ops = ops  # None: on the cluster (RaySlotOps), once it is known whether it has GPUs
+        self.slots = SlotManager(ops or RaySlotOps(self.cfg, service, owner=name, use_gpus=bool(service.use_gpus)),
+                                 target=service.warm_slots, demand=self.spec.demand(), lock=self.lock,
+                                 spawn=self._spawn, on_built=self._on_built, tele=self.tele)
         self._leaked_pgs: int | None = None  # slot placement groups Ray has and no slot holds (metrics on)
         self.draining = False
 
@@ -173,23 +136,22 @@ class SessionScheduler:
             if carried != spec.trace_context:  # no request context: the admission span roots the session's trace
                 spec = replace(spec, trace_context=carried)
             try:
-                self._check_quota(spec)
+                self.book.check_quota(spec, self.service.max_sessions_per_key)
             except NoCapacity:
                 self.tele.decided(adm, "rejected")
                 raise
             now = time.monotonic()
             self._dispatch(now)
-            sess = _Session(SessionInfo(spec.session_id, SessionStatus.QUEUED, spec.preset), spec,
-                            deque(maxlen=self.service.events_max), admission=adm)
-            lease = self.pool.acquire() if not self.waiting and not len(self.queue) else None
+            sess = self.book.new(spec, SessionStatus.QUEUED, adm)
+            lease = self.slots.acquire() if not self.waiting and not len(self.queue) else None
             if lease is not None:
                 self.sessions[spec.session_id] = sess
                 self._start_on(sess, lease)
                 return sess.info
-            if not len(self.queue) and self.pool.counts()["warming"] > len(self.waiting):
+            if not len(self.queue) and self.slots.counts()["warming"] > len(self.waiting):
                 self.sessions[spec.session_id] = sess  # a warm-pool slot is on its way: take it when ready
                 self.waiting.append(spec.session_id)
-                self._status(sess, SessionStatus.STARTING, "warming")
+                self.book.status(sess, SessionStatus.STARTING, "warming")
                 return sess.info
             request = Request(spec.session_id, self.spec, now, now + self.service.queue_timeout_s)
             decision = decide(self._ledger(), self.queue, request, now)
@@ -207,7 +169,7 @@ class SessionScheduler:
             if isinstance(decision, Enqueue):
                 sess.info.queue_position = decision.position
                 self.tele.queued(adm, decision.position)
-                self._event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}")
+                self.book.event(sess, "status", status=SessionStatus.QUEUED, detail=f"position {decision.position}")
             else:
                 self._admit(decision, sess)
             self._publish_demand()
@@ -215,7 +177,7 @@ class SessionScheduler:
 
     async def get_session(self, session_id: str) -> SessionInfo:
         await self._start()
-        return self._get(session_id).info
+        return self.book.get(session_id).info
 
     async def set_draining(self, draining: bool) -> None:
         """Upgrade drain (idempotent; every ingress replica calls it): refuse new creates, end queued and
@@ -223,12 +185,12 @@ class SessionScheduler:
         warm slots beyond the running sessions; running sessions finish or reach their max duration."""
         async with self.lock:
             self.draining = draining
-            self.pool.set_target(0 if draining else self.service.warm_slots)
+            self.slots.set_target(0 if draining else self.service.warm_slots)
             if not draining:
                 return
             for sid in [*self.queue.ids, *self.waiting]:
                 self.queue = self.queue.remove(sid)
-                self._terminal(self.sessions[sid], SessionStatus.ENDED, "draining")
+                self.book.terminal(self.sessions[sid], SessionStatus.ENDED, "draining")
             self.waiting = []
             self._publish_demand()
 
@@ -238,20 +200,20 @@ class SessionScheduler:
 
     async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
         await self._start()
-        sess = self._get(session_id)
+        sess = self.book.get(session_id)
         if sess.terminal:
             return sess.info
         async with self.lock:
             if session_id in self.queue or session_id in self.waiting:
                 self.queue = self.queue.remove(session_id)
                 self.waiting = [w for w in self.waiting if w != session_id]
-                self._terminal(sess, SessionStatus.ENDED, reason)
+                self.book.terminal(sess, SessionStatus.ENDED, reason)
                 self._dispatch(time.monotonic())
                 return sess.info
             sess.end_reason = sess.end_reason or reason
             if sess.actor is not None:
                 sess.actor.stop.remote(session_id, sess.end_reason)
-        await self._wait_terminal(sess, END_WAIT_S)
+        await self.book.wait_terminal(sess, END_WAIT_S)
         return sess.info
 
     async def capacity(self) -> Capacity:
@@ -261,11 +223,11 @@ class SessionScheduler:
         running = sum(s.lease is not None and not s.terminal for s in self.sessions.values())
         return Capacity(bundles_total=free_bundles(whole, self.spec), bundles_free=free_bundles(nodes, self.spec),
                         sessions_running=running, queued=len(self.queue),
-                        warm_slots_free=self.pool.counts()["free"])
+                        warm_slots_free=self.slots.counts()["free"])
 
     async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
         await self._start()
-        sess = self._get(session_id)
+        sess = self.book.get(session_id)
         if not 8000 <= sample_rate <= 192000 or not 1 <= channels <= 8 or len(pcm) % (2 * channels):
             raise ValueError(
                 f"audio of {len(pcm)} bytes at sample_rate={sample_rate}, channels={channels}: need 16-bit PCM with "
@@ -283,7 +245,7 @@ class SessionScheduler:
             await sess.actor.push_audio.remote(session_id, pcm, sample_rate, channels)
 
     async def clear_audio(self, session_id: str) -> None:
-        sess = self._get(session_id)
+        sess = self.book.get(session_id)
         sess.pending_audio.clear()
         if sess.actor is not None and not sess.terminal:
             with contextlib.suppress(ray.exceptions.RayActorError):
@@ -291,19 +253,7 @@ class SessionScheduler:
 
     async def events(self, session_id: str, after_seq: int, timeout_s: float = 10.0) -> list[SessionEvent]:
         await self._start()
-        sess = self._get(session_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        while True:
-            bell = sess.bell
-            out = [e for e in sess.events if e.seq > after_seq]
-            remaining = deadline - loop.time()
-            if out or sess.terminal or remaining <= 0:
-                return out
-            try:
-                await asyncio.wait_for(bell.wait(), remaining)
-            except TimeoutError:
-                return []
+        return await self.book.events(self.book.get(session_id), after_seq, timeout_s)
 
     # ------------------------------------------------------------------------------ from sessions and ops
     async def report(self, session_id: str, report: Report) -> None:
@@ -316,19 +266,17 @@ class SessionScheduler:
         for d in report.events:
             if d.kind == "status" and d.status is not None and d.status.terminal:
                 if not (sess.spec.recover and d.status is SessionStatus.FAILED):  # else `_run` decides: recover?
-                    self._terminal(sess, d.status, d.detail or "", report.stats)
+                    self.book.terminal(sess, d.status, d.detail or "", report.stats)
                 break
             if d.kind == "status" and d.status is not None:
                 sess.info.status = d.status
-            self._event(sess, d.kind, status=d.status, chunk=d.chunk, detail=d.detail, at=d.at)
+            self.book.event(sess, d.kind, status=d.status, chunk=d.chunk, detail=d.detail, at=d.at)
 
     async def debug_slots(self) -> list[dict[str, Any]]:
         """Slots and their actors (tests and operators)."""
         await self._start()
-        return [{"slot_id": rec.slot_id, "state": self.pool.state(rec.slot_id), "node_id": rec.admit.node_id,
-                 "sessions": [s.info.id for s in self.sessions.values()
-                              if s.lease and s.lease.slot_id == rec.slot_id and not s.terminal],
-                 **(rec.slot.describe() if rec.slot else {"actors": []})} for rec in self.slots.values()]
+        return self.slots.describe(lambda slot_id: [s.info.id for s in self.sessions.values()
+                                                    if s.lease and s.lease.slot_id == slot_id and not s.terminal])
 
     async def shutdown(self) -> None:
         """End every session, drop the queue, remove every slot (tests, redeploys)."""
@@ -337,10 +285,7 @@ class SessionScheduler:
             if not sess.terminal:
                 await self.end_session(sess.info.id, "shutdown")
         async with self.lock:
-            self.pool.set_target(0)
-            for rec in list(self.slots.values()):
-                self.pool.fail(rec.slot_id)
-                self._remove_slot(rec.slot_id)
+            self.slots.remove_all()
             self._publish_demand()
         for task in list(self._tasks):
             task.cancel()
@@ -353,11 +298,11 @@ class SessionScheduler:
         arrived = {r.request_id: r.arrived_at for r in self.queue}
         _, self.queue = commit(self._ledger(), self.queue, expired)
         for gone in expired:
-            self._terminal(self.sessions[gone.request_id], SessionStatus.FAILED,
+            self.book.terminal(self.sessions[gone.request_id], SessionStatus.FAILED,
                            f"queue_timeout: no bundle freed within {now - arrived[gone.request_id]:.0f} s "
                            "(queue_timeout_s)")
         while self.waiting or len(self.queue):
-            lease = self.pool.acquire()
+            lease = self.slots.acquire()
             if lease is None:
                 break
             if self.waiting:
@@ -371,14 +316,12 @@ class SessionScheduler:
         for admit in admits:
             self._admit(admit, self.sessions[admit.request_id])
         if not self.waiting and not len(self.queue) and not self._recovering():  # (a build would slow a recovery)
-            for slot_id in self.pool.surplus():
-                self.pool.retire(slot_id)
-                self._remove_slot(slot_id)
-            for _ in range(self.pool.deficit()):
+            self.slots.retire_surplus()
+            for _ in range(self.slots.deficit()):
                 node = best_fit(self._ledger(), self.spec.demand())
                 if node is None:
                     break
-                self._new_slot(Admit(f"warm-{uuid.uuid4().hex[:8]}", node.node_id, self.spec.demand()), None)
+                self.slots.add(node.node_id)
         for i, sid in enumerate(self.queue.ids):
             self.sessions[sid].info.queue_position = i + 1
         self._publish_demand()
@@ -393,49 +336,28 @@ class SessionScheduler:
         """The capacity gauges, as of now (lock held)."""
         self.tele.snapshot(statuses=[s.info.status.value for s in self.sessions.values()], queue_len=len(self.queue),
                            bundles_free=free_bundles(self._ledger(), self.spec), bundles_used=len(self.slots),
-                           slot_states=[self.pool.state(sid) or "unknown" for sid in self.slots],
+                           slot_states=[self.slots.state(sid) or "unknown" for sid in self.slots.records],
                            leaked_pgs=self._leaked_pgs)
 
-    def _admit(self, admit: Admit, sess: _Session) -> None:
+    def _admit(self, admit: Admit, sess: SessionRecord) -> None:
         """A whole bundle is free for `sess`: build a new slot for it (cold start)."""
-        sess.own_slot = self._new_slot(admit, sess.info.id)
+        sess.own_slot = self.slots.add(admit.node_id, sess.admission, sess.info.id)
         self.waiting.append(sess.info.id)
         sess.info.queue_position = None
-        self._status(sess, SessionStatus.STARTING, "cold")
+        self.book.status(sess, SessionStatus.STARTING, "cold")
 
-    def _new_slot(self, admit: Admit, built_for: str | None) -> str:
-        slot_id = f"slot-{uuid.uuid4().hex[:10]}"
-        trace = self.tele.slot_building(slot_id, self.sessions[built_for].admission if built_for else None)
-        self.slots[slot_id] = _SlotRecord(slot_id, admit, built_for=built_for, trace=trace)
-        self.pool.add(slot_id)
-        self._spawn(self._build(slot_id))
-        return slot_id
-
-    def _start_on(self, sess: _Session, lease: Lease) -> None:
+    def _start_on(self, sess: SessionRecord, lease: Lease) -> None:
         sess.lease = lease
         sess.info.warm_start = lease.slot_id != sess.own_slot
-        rec = self.slots.get(lease.slot_id)
         self.tele.decided(sess.admission, "warm" if sess.info.warm_start else "cold",
-                          slot=rec.trace if rec else None, warm=sess.info.warm_start)
+                          slot=self.slots.trace(lease.slot_id), warm=sess.info.warm_start)
         sess.info.queue_position = None
         if sess.info.status is not SessionStatus.STARTING:
-            self._status(sess, SessionStatus.STARTING, "warm" if sess.info.warm_start else "cold")
+            self.book.status(sess, SessionStatus.STARTING, "warm" if sess.info.warm_start else "cold")
         self._spawn(self._run(sess))
 
-    def _remove_slot(self, slot_id: str) -> None:
-        """Kill the slot's actors (and any session actor on it) and remove its placement group."""
-        rec = self.slots.pop(slot_id, None)
-        if rec is not None and rec.slot is not None:
-            users = [s.actor for s in self.sessions.values() if s.lease and s.lease.slot_id == slot_id]
-            destroy_slot(rec.slot, users)
-        if self.pool.state(slot_id) == "draining":
-            self.pool.forget(slot_id)
-
     def _ledger(self) -> tuple[Any, ...]:
-        used: dict[str, list[Any]] = {}
-        for rec in self.slots.values():
-            used.setdefault(rec.admit.node_id, []).append(rec.admit.demand)
-        return ledger(self.nodes, used)
+        return ledger(self.nodes, self.slots.used())
 
     def _publish_demand(self) -> None:
         want = len(self.slots) + len(self.queue)
@@ -444,57 +366,32 @@ class SessionScheduler:
             self._spawn(asyncio.to_thread(publish_demand, [self.spec] * want))
 
     # ------------------------------------------------------------------------------ tasks
-    async def _build(self, slot_id: str) -> None:
-        rec = self.slots[slot_id]
-        use_gpus = bool(self.use_gpus)
-        trace = rec.trace or SlotTrace(slot_id, None, {})
-        try:
-            slot = await build_slot(slot_id, self.cfg, self.service, use_gpus=use_gpus, node_id=rec.admit.node_id,
-                                    trace_context=trace.context, owner=self.name)
-        except Exception as err:  # any failure: the slot is gone, and whoever waits on it must hear why
-            log.exception("slot %s failed to build", slot_id)
-            self.tele.slot_built(trace, error=type(err).__name__)
-            async with self.lock:
-                self.pool.fail(slot_id)
-                self._remove_slot(slot_id)
-                reason = f"slot_failed: {classify(err) if isinstance(err, RayError) else err}"
-                while len(self.waiting) > self.pool.counts()["warming"]:
-                    self._terminal(self.sessions[self.waiting.pop()], SessionStatus.FAILED, reason)
-                self._dispatch(time.monotonic())
-            return
-        self.tele.slot_built(trace, node_id=slot.node_id, device=slot.device)
-        self.tele.worker_stages(slot.stages)
-        async with self.lock:
-            if slot_id not in self.slots:  # removed meanwhile (shutdown)
-                destroy_slot(slot)
-                return
-            rec.slot = slot
-            if slot.node_id and slot.node_id != rec.admit.node_id:
-                rec.admit = replace(rec.admit, node_id=slot.node_id)
-            if not self.pool.ready(slot_id):
-                self._remove_slot(slot_id)
-            self._dispatch(time.monotonic())
+    def _on_built(self, slot_id: str, error: str | None) -> None:
+        """A slot's build ended (lock held): on failure, sessions waiting beyond the slots still warming fail
+        with its reason; either way, decide again."""
+        if error is not None:
+            while len(self.waiting) > self.slots.counts()["warming"]:
+                self.book.terminal(self.sessions[self.waiting.pop()], SessionStatus.FAILED, error)
+        self._dispatch(time.monotonic())
 
-    async def _run(self, sess: _Session) -> None:
+    async def _run(self, sess: SessionRecord) -> None:
         assert sess.lease is not None
-        rec = self.slots[sess.lease.slot_id]
-        assert rec.slot is not None
-        slot = rec.slot
+        slot = self.slots.slot(sess.lease.slot_id)
+        assert slot is not None
         outcome = await (self._await_adopted(sess) if sess.adopted else self._drive(sess, slot))
         sess.adopted = False
         if (sess.spec.recover and outcome.status is SessionStatus.FAILED and recoverable(outcome.reason)
                 and sess.recoveries < RECOVER_MAX_ATTEMPTS):
             await self._recover(sess, slot, outcome)
             return
-        healthy = outcome.healthy and await reset_slot(slot, sess.info.id, self.service.chunk_timeout_s)
+        healthy = outcome.healthy and await self.slots.reset(slot, sess.info.id)
         sess.info.stats = outcome.stats
         async with self.lock:
-            self._terminal(sess, outcome.status, outcome.reason, outcome.stats)
-            if self.pool.release(sess.lease, healthy=healthy) == "remove":
-                self._remove_slot(slot.slot_id)
+            self.book.terminal(sess, outcome.status, outcome.reason, outcome.stats)
+            self.slots.release(sess.lease, healthy=healthy)
             self._dispatch(time.monotonic())
 
-    async def _drive(self, sess: _Session, slot: Slot) -> Outcome:
+    async def _drive(self, sess: SessionRecord, slot: Slot) -> Outcome:
         spec = sess.spec
         if sess.end_reason is not None:
             return Outcome(SessionStatus.ENDED, sess.end_reason, True, SessionStats())
@@ -515,7 +412,7 @@ class SessionScheduler:
         except RayError as err:
             return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
 
-    async def _await_adopted(self, sess: _Session) -> Outcome:
+    async def _await_adopted(self, sess: SessionRecord) -> Outcome:
         """The end of a session adopted from a previous scheduler (which started it)."""
         try:
             outcome: Outcome = await sess.actor.outcome.remote(sess.info.id)
@@ -523,24 +420,24 @@ class SessionScheduler:
         except RayError as err:
             return Outcome(SessionStatus.FAILED, f"session_failed: {classify(err)}", False, sess.info.stats)
 
-    async def _recover(self, sess: _Session, slot: Slot, outcome: Outcome) -> None:
+    async def _recover(self, sess: SessionRecord, slot: Slot, outcome: Outcome) -> None:
         """A `recover` session lost its bundle: remove it, resume on a free warm slot, else on a new slot
-        where a whole bundle is free, else fail for good (`deployments.recovery`)."""
+        where a whole bundle is free, else fail for good (`deployments.sessions.recovery`)."""
         sess.recoveries += 1
         seen = max((e.chunk for e in sess.events if e.kind == "chunk" and e.chunk is not None), default=-1) + 1
         resume = outcome.resume or Resume(max(seen, outcome.stats.chunks), stats=outcome.stats)
         async with self.lock:
             assert sess.lease is not None
-            self.pool.release(sess.lease, healthy=False)
-            self._remove_slot(slot.slot_id)
+            self.slots.release(sess.lease, healthy=False)
             sess.lease, sess.actor, sess.own_slot = None, None, None
             sess.resume = replace(resume, attempt=sess.recoveries, reason=outcome.reason)
             sess.info.stats = outcome.stats
             if sess.end_reason is not None or self._closing:
-                self._terminal(sess, SessionStatus.ENDED, sess.end_reason or "shutdown", outcome.stats)
+                self.book.terminal(sess, SessionStatus.ENDED, sess.end_reason or "shutdown", outcome.stats)
             else:
-                self._status(sess, SessionStatus.STARTING, f"recovering: {outcome.reason} (attempt {sess.recoveries})")
-                lease = self.pool.acquire()
+                self.book.status(sess, SessionStatus.STARTING,
+                                 f"recovering: {outcome.reason} (attempt {sess.recoveries})")
+                lease = self.slots.acquire()
                 node = best_fit(self._ledger(), self.spec.demand()) if lease is None else None
                 if lease is not None:
                     self._start_on(sess, lease)
@@ -549,32 +446,27 @@ class SessionScheduler:
                     self.waiting.remove(sess.info.id)
                     self.waiting.insert(0, sess.info.id)  # ahead of new sessions: this one is live
                 else:
-                    self._terminal(sess, SessionStatus.FAILED, f"{outcome.reason}; recovery failed: no whole bundle "
-                                   "is free", outcome.stats)
+                    self.book.terminal(sess, SessionStatus.FAILED,
+                                       f"{outcome.reason}; recovery failed: no whole bundle is free", outcome.stats)
             self._dispatch(time.monotonic())
 
     def _adopt(self, found: Discovery) -> None:
-        """Take over the slots and sessions a previous scheduler left (lock held; see deployments.ledger)."""
+        """Take over the slots and sessions a previous scheduler left (lock held; `deployments.sessions.ledger`)."""
         for f in found.found:
             slot, d = f.slot, f.session
-            self.slots[slot.slot_id] = _SlotRecord(slot.slot_id, Admit(slot.slot_id, slot.node_id or "",
-                                                                       self.spec.demand()), slot=slot)
             if d is None:  # free
-                self.pool.adopt(slot.slot_id, leased=False)
+                self.slots.adopt(slot, leased=False)
                 continue
-            sess = _Session(SessionInfo(d["spec"].session_id, d["status"], d["spec"].preset,
-                                        started_at=d["started_at"], stats=d["stats"]), d["spec"],
-                            deque(maxlen=self.service.events_max), actor=slot.driver)
-            self.sessions[sess.info.id] = sess
-            self._event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
+            sess = self.book.add(self.book.new(d["spec"], d["status"], started_at=d["started_at"], stats=d["stats"]))
+            sess.actor = slot.driver
+            self.book.event(sess, "status", status=d["status"], detail="adopted by a restarted scheduler")
             o: Outcome | None = d["outcome"]
             if o is not None:  # ended unobserved: the slot was never reset, so it is removed
-                self._terminal(sess, o.status, o.reason, o.stats)
-                self.pool.adopt(slot.slot_id, leased=False)
-                self.pool.fail(slot.slot_id)
-                self._remove_slot(slot.slot_id)
+                self.book.terminal(sess, o.status, o.reason, o.stats)
+                self.slots.adopt(slot, leased=False)
+                self.slots.fail(slot.slot_id)
                 continue
-            sess.lease, sess.adopted = self.pool.adopt(slot.slot_id, leased=True), True
+            sess.lease, sess.adopted = self.slots.adopt(slot, leased=True), True
             self._spawn(self._run(sess))
         if found.found or found.removed:
             log.warning("scheduler %s adopted %d slots (%d sessions) and removed %d it could not adopt: %s", self.name,
@@ -593,6 +485,9 @@ class SessionScheduler:
             if self.use_gpus is None:
                 self.use_gpus = await asyncio.to_thread(cluster_has_gpus)
                 self.spec = bundles_for(self.cfg, use_gpus=self.use_gpus)
+                self.slots.demand = self.spec.demand()
+                if self._ops is None:
+                    self.slots.ops = RaySlotOps(self.cfg, self.service, owner=self.name, use_gpus=self.use_gpus)
             found = await discover(self.name, self.cfg, use_gpus=bool(self.use_gpus))
             async with self.lock:
                 self._adopt(found)
@@ -613,27 +508,12 @@ class SessionScheduler:
                     continue
                 async with self.lock:
                     self.nodes = nodes
-                    alive = {str(n["NodeID"]) for n in nodes}
-                    for rec in list(self.slots.values()):
-                        if rec.admit.node_id not in alive and self.pool.state(rec.slot_id) in ("free", "warming"):
-                            self.pool.fail(rec.slot_id)
-                            self._remove_slot(rec.slot_id)
-                await self._check_free_slots()
+                    self.slots.drop_lost_nodes(str(n["NodeID"]) for n in nodes)
+                await self.slots.check_free()
                 if self.tele.tel.metrics:
                     await self._check_placement_groups()
             async with self.lock:
                 self._dispatch(time.monotonic())
-
-    async def _check_free_slots(self) -> None:
-        """Ping the workers of free warm slots: one that died idle is removed before a session gets it."""
-        free = [rec for rec in self.slots.values() if rec.slot is not None and self.pool.state(rec.slot_id) == "free"]
-        results = await asyncio.gather(*(ping_slot(rec.slot) for rec in free if rec.slot is not None))
-        async with self.lock:
-            for rec, alive in zip(free, results, strict=True):
-                if not alive and self.pool.state(rec.slot_id) == "free":
-                    log.warning("warm slot %s lost a worker while idle; removing it", rec.slot_id)
-                    self.pool.fail(rec.slot_id)
-                    self._remove_slot(rec.slot_id)
 
     async def _check_placement_groups(self) -> None:
         """Count slot placement groups that Ray still has and no slot holds (a leak; metrics only)."""
@@ -643,7 +523,7 @@ class SessionScheduler:
             log.warning("could not list placement groups: %s", err)
             return
         async with self.lock:
-            self._leaked_pgs = leaked_placement_groups(table, self.slots)
+            self._leaked_pgs = leaked_placement_groups(table, self.slots.records)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -655,61 +535,11 @@ class SessionScheduler:
         if not task.cancelled() and task.exception() is not None:
             log.error("scheduler task failed", exc_info=task.exception())
 
-    def _get(self, session_id: str) -> _Session:
-        sess = self.sessions.get(session_id)
-        if sess is None:
-            raise UnknownSession(session_id)
-        return sess
-
-    def _check_quota(self, spec: SessionSpec) -> None:
-        limit = self.service.max_sessions_per_key
-        if not limit or spec.api_key_id is None:
-            return
-        live = sum(s.spec.api_key_id == spec.api_key_id and not s.terminal for s in self.sessions.values())
-        if live >= limit:
-            raise NoCapacity(f"API key has {live} live sessions, the limit is {limit}; end one first", 5.0,
-                             code="quota_exceeded")
-
-    def _event(self, sess: _Session, kind: Any, **fields: Any) -> None:
-        sess.seq += 1
-        sess.events.append(SessionEvent(sess.seq, sess.info.id, kind, **fields))
-        bell, sess.bell = sess.bell, asyncio.Event()
-        bell.set()
-
-    def _status(self, sess: _Session, status: SessionStatus, detail: str | None = None) -> None:
-        sess.info.status = status
-        self._event(sess, "status", status=status, detail=detail)
-
-    def _terminal(self, sess: _Session, status: SessionStatus, reason: str, stats: SessionStats | None = None) -> None:
-        if sess.terminal:
-            return
-        sess.info.reason, sess.info.ended_at = reason, time.time()
-        if stats is not None:
-            sess.info.stats = stats
-        # kept for get/list (ended_max of them): without its reference image (up to MBs) and held audio
-        sess.spec, sess.resume = replace(sess.spec, image=_NO_IMAGE), None
-        sess.pending_audio.clear()
-        self._status(sess, status, reason)
-        self.tele.decided(sess.admission, "expired" if reason.startswith("queue_timeout") else
-                          "failed" if status is SessionStatus.FAILED else "ended")
-        self.tele.ended(status.value, reason)
-        ended = [s for s in self.sessions.values() if s.terminal]
-        for old in ended[: max(0, len(ended) - self.service.ended_max)]:
-            del self.sessions[old.info.id]
-
-    async def _wait_terminal(self, sess: _Session, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not sess.terminal and time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(sess.bell.wait(), deadline - time.monotonic())
-            except TimeoutError:
-                return
-
 
 def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME) -> Any:
     """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one.
     Ray restarts it when its process dies (same handle); the new instance adopts the slots and
-    sessions its predecessor left (`deployments.ledger`)."""
+    sessions its predecessor left (`deployments.sessions.ledger`)."""
     handle: Any = ray.remote(SessionScheduler).options(
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_concurrency=1000, max_restarts=-1).remote(service, name)

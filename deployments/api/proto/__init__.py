@@ -1,0 +1,1 @@
+"""The generated gRPC code of `characters.proto` (scripts/gen_proto.sh)."""

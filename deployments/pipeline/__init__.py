@@ -1,0 +1,9 @@
+"""Chunks: the path of one chunk through a slot, DiT ranks -> decoder -> room, as a Ray Compiled Graph.
+
+    graph      the compiled graph over a slot's workers, and the paced chunk loop that drives it
+    workers    DiTWorker (one per tensor-parallel rank) and DecoderWorker, and the chunk messages
+    room       RoomWorker: paced playout of frames + audio into the session's output
+    handoff    the latent handoff between DiT and decoder (the only module that sends or receives latents)
+
+May import `deployments.livekit`, `telemetry`, `settings`, `types`, `characters`; never `sessions` or `api`.
+"""

@@ -1,0 +1,15 @@
+"""Sessions: admission applied, slots, and one session's life from QUEUED to ENDED or FAILED.
+
+    scheduler   SessionScheduler, the named actor the API calls: sessions, queue, decisions
+                (`placement.policy` decides; the scheduler applies)
+    slots       SlotManager: the lifecycle of the scheduler's slots (build, warm-up, reset, destroy, adopt)
+                and the warm pool's books
+    slot        one slot's Ray side: reserve its placement group, create and warm its workers, reset, ping
+    ledger      what a restarted scheduler finds on the cluster and adopts
+    actor       SessionActor: the slot's driver, starts its sessions one after another
+    runner      SessionRunner and the plain classes of one session's chunk loop (audio, stats, outcome)
+    recovery    resuming a session on a fresh bundle
+    cluster     a local Ray cluster on loopback (CLI, tests, benchmarks)
+
+May import `deployments.pipeline`, `telemetry`, `settings`, `types`, `placement`, `characters`; never `api`.
+"""
