@@ -57,7 +57,8 @@ def wait_for(fn: Callable[[], Any], timeout_s: float, what: str, every_s: float 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`characters serve --livekit-dev` (HTTP on a free port, LiveKit on its default 7880), refusing a second session at once (queue_max 0)."""
+    """`characters serve --livekit-dev` (HTTP on a free port, LiveKit on its default 7880), refusing a second
+    session at once (queue_max 0)."""
     if not CHROMIUM.is_file():
         pytest.fail(f"Chromium is not at {CHROMIUM}; run scripts/install_chromium.sh (or scripts/setup.sh --dev)")
     if not PAGE.is_file():
