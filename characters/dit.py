@@ -95,27 +95,14 @@ def _gelu_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _q(_gelu(y))
 
 
-def _cross_attend_fp8(q: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Audio cross-attention of an FP8 block in one pass: head RMSNorm of q and k, softmax over the frame's A
-    audio keys (few: written as broadcast products so that a compiler keeps them in registers instead of
-    calling a batched GEMM), and the per-token quantisation of the output (the output projection's input).
-    q (B*nF, N, Hh, Dh); kv (B*nF, A, 2, Hh, Dh) -> e4m3 (B*nF, N, Hh*Dh) and scales (B*nF, N, 1)."""
-    dh = q.shape[-1]
-    qn = rms_norm_ref(q.float(), q_weight, eps)  # (B*nF, N, Hh, Dh) float32
-    kn = rms_norm_ref(kv[:, :, 0].float(), k_weight, eps)  # (B*nF, A, Hh, Dh)
-    scores = (qn[:, :, None] * kn[:, None]).sum(-1) * (1.0 / math.sqrt(dh))  # (B*nF, N, A, Hh)
-    p = scores.softmax(dim=2)
-    out = (p[..., None] * kv[:, None, :, 1].float()).sum(2)  # (B*nF, N, Hh, Dh)
-    return _q(out.flatten(-2))
-
-
 class ElementwiseOps:
     """The block's elementwise steps: plain PyTorch, or each compiled into one fused kernel (CUDA).
 
     With `fp8`, the steps whose output feeds a linear layer also quantise it per token (returning an
-    `Fp8Act`), and the MLP's GELU and the audio cross-attention do too: in compiled form the quantisation is
-    the epilogue of the kernel that produces the activation, not a pass of its own."""
+    `Fp8Act`), and so does the MLP's GELU: in compiled form the quantisation is the epilogue of the kernel
+    that produces the activation, not a pass of its own. The audio cross-attention's output (from SDPA) gets a
+    compiled quantisation pass of its own (`quant`): written as one compiled function with its norms and
+    softmax over the A audio keys it took 14 ms per 57b TP3 chunk against ~1 ms for the pass (docs/fp8.md)."""
 
     def __init__(self, fused: bool = False, fp8: bool = False) -> None:
         self.fused, self.fp8 = fused, fp8
@@ -133,7 +120,6 @@ class ElementwiseOps:
             self._gated_add_norm = wrap(_gated_add_norm_fp8)
             self._add_modulate = wrap(_add_modulate_fp8)
             self._gelu = wrap(_gelu_fp8)
-            self._cross_attend = wrap(_cross_attend_fp8)
             self._quant = wrap(_q)
 
     def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor | Fp8Act:
@@ -158,10 +144,6 @@ class ElementwiseOps:
         """A per-token quantisation pass of its own (compiled: one kernel), for an input whose producer cannot
         take it as an epilogue (an attention kernel's output)."""
         return Fp8Act(*self._quant(y))
-
-    def cross_attend(self, q: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                     eps: float) -> Fp8Act:
-        return Fp8Act(*self._cross_attend(q, kv, q_weight, k_weight, eps))
 
 
 _PLAIN = ElementwiseOps(False)
@@ -203,14 +185,12 @@ class AudioCrossAttention(nn.Module):
         nf, a = ctx.shape[1], ctx.shape[2]
         hh, dh = self.num_heads, self.head_dim
         kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
-        if self.ops.fp8:  # one kernel: norms, attention over the A keys, quantised output
-            act = self.ops.cross_attend(q.view(b * nf, t // nf, hh, dh), kv, self.q_norm, self.k_norm, self.eps)
-            return self.o(Fp8Act(act.data.view(b, t, -1), act.scale.view(b, t, 1)))  # (B, T, D)
         q = self.ops.head_norm(q.view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         k = self.ops.head_norm(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              kv[:, :, 1].transpose(1, 2))  # (B*nF, Hh, N, Dh)
-        return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
+        out = out.transpose(1, 2).reshape(b, t, -1)  # (B, T, Hh*Dh)
+        return self.o(self.ops.quant(out) if self.ops.fp8 else out)  # (B, T, D)
 
 
 class Block(nn.Module):

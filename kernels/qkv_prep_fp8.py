@@ -34,7 +34,14 @@ import math
 
 import torch
 
-from kernels._triton import HAS_TRITON, check_triton_mode, interpreter_enabled, jit_for_current_mode, to_e4m3
+from kernels._triton import (
+    HAS_TRITON,
+    check_triton_mode,
+    interpreter_enabled,
+    jit_for_current_mode,
+    next_power_of_2,
+    to_e4m3,
+)
 from kernels.fp8 import FP8, FP8_MAX
 from kernels.qkv_prep import QKVPrepBackend, rms_norm_ref, rope_ref
 
@@ -117,27 +124,29 @@ def _qkv_prep_fp8_kernel(
     eps,
     bound,  # sqrt(Dh) / 448
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # next power of two >= HEAD_DIM
     BLOCK_T: tl.constexpr,
     OFFSET_FROM_PTR: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_T consecutive tokens of one head of one batch (grid: T blocks, Hh, B). Tokens are
     the tile's first axis, so the transposed V store is contiguous along them."""
-    HALF: tl.constexpr = HEAD_DIM // 2
+    HALF: tl.constexpr = BLOCK_D // 2
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     t_ok = t < T
-    d = tl.arange(0, HEAD_DIM)  # (Dh,)
-    mask = t_ok[:, None]  # (BLOCK_T, 1)
+    d = tl.arange(0, BLOCK_D)  # (BLOCK_D,): lanes past Dh load zeros and store nothing
+    d_ok = d < HEAD_DIM
+    mask = t_ok[:, None] & d_ok[None, :]  # (BLOCK_T, BLOCK_D)
 
     src = qkv_ptr + b * s_qkv_b + h * s_qkv_h + t.to(tl.int64)[:, None] * s_qkv_t + d[None, :]  # (BLOCK_T, Dh)
     xq = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     xk = tl.load(src + s_qkv_c, mask=mask, other=0.0).to(tl.float32)
     xv = tl.load(src + 2 * s_qkv_c, mask=mask, other=0.0).to(tl.float32)
 
-    wq = tl.load(q_weight_ptr + d).to(tl.float32)  # (Dh,)
-    wk = tl.load(k_weight_ptr + d).to(tl.float32)
+    wq = tl.load(q_weight_ptr + d, mask=d_ok, other=0.0).to(tl.float32)  # (BLOCK_D,)
+    wk = tl.load(k_weight_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
     sq = tl.max(tl.abs(wq), axis=0) * bound  # the static bounds (module docstring)
     sk = tl.max(tl.abs(wk), axis=0) * bound
     first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
@@ -148,12 +157,13 @@ def _qkv_prep_fp8_kernel(
     xk = xk * tl.rsqrt(tl.sum(xk * xk, axis=1) / HEAD_DIM + eps)[:, None] * wk[None, :]
     i = tl.arange(0, HALF)
     rope_off = t[:, None] * s_rope_t + i[None, :]  # (BLOCK_T, Dh/2)
-    c = tl.load(cos_ptr + rope_off, mask=mask, other=0.0)
-    s = tl.load(sin_ptr + rope_off, mask=mask, other=0.0)
+    rope_mask = t_ok[:, None] & (i < HEAD_DIM // 2)[None, :]
+    c = tl.load(cos_ptr + rope_off, mask=rope_mask, other=0.0)
+    s = tl.load(sin_ptr + rope_off, mask=rope_mask, other=0.0)
     qe, qo = tl.split(tl.reshape(xq, (BLOCK_T, HALF, 2)))
     ke, ko = tl.split(tl.reshape(xk, (BLOCK_T, HALF, 2)))
-    yq = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), (BLOCK_T, HEAD_DIM))
-    yk = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), (BLOCK_T, HEAD_DIM))
+    yq = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), (BLOCK_T, BLOCK_D))
+    yk = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), (BLOCK_T, BLOCK_D))
 
     q_dst = q_out_ptr + b * s_qo_b + h * s_qo_h + t.to(tl.int64)[:, None] * s_qo_t + d[None, :]
     tl.store(q_dst, to_e4m3(yq / sq, INTERPRET), mask=mask)
@@ -165,11 +175,11 @@ def _qkv_prep_fp8_kernel(
     pos = (off + t).to(tl.int64)  # (BLOCK_T,)
     ok = t_ok & (pos >= 0) & (pos < S)
     k_dst = k_cache_ptr + b * s_kc_b + h * s_kc_h + pos[:, None] * s_kc_s + d[None, :]
-    tl.store(k_dst, to_e4m3(yk / sk, INTERPRET), mask=ok[:, None])
+    tl.store(k_dst, to_e4m3(yk / sk, INTERPRET), mask=ok[:, None] & d_ok[None, :])
 
     sv = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-12) / 448.0  # (BLOCK_T,) per (token, head)
     v_dst = vt_cache_ptr + b * s_vc_b + h * s_vc_h + d[None, :] * s_vc_d + pos[:, None]  # (BLOCK_T, Dh), transposed
-    tl.store(v_dst, to_e4m3(xv / sv[:, None], INTERPRET), mask=ok[:, None])
+    tl.store(v_dst, to_e4m3(xv / sv[:, None], INTERPRET), mask=ok[:, None] & d_ok[None, :])
     tl.store(v_scale_ptr + b * s_vs_b + h * s_vs_h + pos, sv, mask=ok)
 
 
@@ -196,8 +206,6 @@ def qkv_prep_fp8_triton(
     if qkv.device.type != "cuda" and not interpreter_enabled():
         raise ValueError(f"qkv_prep_fp8_triton: tensors are on {qkv.device}; the Triton kernel needs CUDA tensors, "
                          "or TRITON_INTERPRET=1 for CPU tensors; use backend='torch' on CPU")
-    if dh & (dh - 1):
-        raise ValueError(f"qkv_prep_fp8_triton: head dim Dh={dh} must be a power of two (the FP8 attention's too)")
     if block_t < 1 or block_t & (block_t - 1):
         raise ValueError(f"qkv_prep_fp8_triton: block_t={block_t} must be a power of two >= 1")
     if out is None:
@@ -219,7 +227,7 @@ def qkv_prep_fp8_triton(
             vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2),
             v_scale.stride(0), v_scale.stride(1),
             float(eps), math.sqrt(dh) / FP8_MAX,
-            HEAD_DIM=dh, BLOCK_T=block_t, OFFSET_FROM_PTR=from_ptr, INTERPRET=interpreter_enabled(),
+            HEAD_DIM=dh, BLOCK_D=next_power_of_2(dh), BLOCK_T=block_t, OFFSET_FROM_PTR=from_ptr, INTERPRET=interpreter_enabled(),
             num_warps=num_warps,
         )  # fmt: skip
     return out

@@ -22,6 +22,10 @@ the per-chunk relative error of the latents, and the slope of the error against 
 through the KV cache would grow with it). `--layers` cuts the block count (the 57b's full width does not fit
 twice on one GPU with 58 blocks).
 
+lipsync: the trained `tiny` (shipped weights) on the GPU, per precision and noise seed, on the held-out clips
+(`--data`/test.npz, built by `characters.train.data.load_or_build` where espeak-ng is installed (it excludes the
+training sentences), carried to the GPU machine).
+
 Prints a table, writes JSON (command, GPU, driver, versions).
 """
 
@@ -190,11 +194,12 @@ def cmd_attention(args: argparse.Namespace) -> dict[str, Any]:
 
     dev = torch.device("cuda")
     tq, s, dh = 2992, 14960, 128
-    configs = [(128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3),
-               (128, 128, 8, 4), (64, 64, 4, 4)]
+    configs = [((64, 128, 4, 3), False), ((128, 128, 8, 3), False), ((128, 128, 8, 3), True),
+               ((64, 128, 4, 3), True), ((128, 64, 4, 3), True), ((128, 128, 8, 4), True), ((64, 64, 4, 3), True),
+               ((128, 64, 8, 3), True)]
     rows: list[dict[str, Any]] = []
     gen = torch.Generator(device=dev).manual_seed(0)
-    for ranks in (4, 3, 2):
+    for ranks in (4, 3):
         hh = 72 // ranks
         flops = 4 * tq * s * dh * hh
         inp = make_qkv_prep_inputs(1, tq, hh, dh, s, torch.bfloat16, device=dev, generator=gen)
@@ -217,17 +222,18 @@ def cmd_attention(args: argparse.Namespace) -> dict[str, Any]:
             err = rel_err(attention(qb, kb, vb, name)[:, :4], exact)
             rows.append({"ranks": ranks, "heads": hh, "kernel": name, "ms": ms, "tflops": flops / ms / 1e9,
                          "rel_err_vs_ref": err})
-        for cfg in configs:
+        for cfg, tma in configs:
+            name = f"triton_fp8 {'tma' if tma else 'ptr'} {cfg}"
             try:
-                out = attention_fp8_triton(q8, k8, vt8, vs, qks, config=cfg)
+                out = attention_fp8_triton(q8, k8, vt8, vs, qks, config=cfg, tma=tma)
                 torch.cuda.synchronize()
                 err = rel_err(out[:, :4], ref)
-                ms = _best_median(partial(attention_fp8_triton, q8, k8, vt8, vs, qks, config=cfg), trials=3)
-                rows.append({"ranks": ranks, "heads": hh, "kernel": f"triton_fp8 {cfg}", "ms": ms,
+                ms = _best_median(partial(attention_fp8_triton, q8, k8, vt8, vs, qks, config=cfg, tma=tma), trials=3)
+                rows.append({"ranks": ranks, "heads": hh, "kernel": name, "ms": ms,
                              "tflops": flops / ms / 1e9, "rel_err_vs_ref": err,
                              "rel_err_vs_bf16_attention": rel_err(out[:, :4], exact)})
             except Exception as e:  # noqa: BLE001 (a tiling that does not compile: recorded, the sweep goes on)
-                rows.append({"ranks": ranks, "heads": hh, "kernel": f"triton_fp8 {cfg}", "error": str(e)[:500]})
+                rows.append({"ranks": ranks, "heads": hh, "kernel": name, "error": str(e)[:500]})
         rows.append({"ranks": ranks, "heads": hh, "kernel": "cache write qkv_prep (bf16)", "ms": write_bf16})
         rows.append({"ranks": ranks, "heads": hh, "kernel": "cache write qkv_prep_fp8", "ms": write_fp8})
         del k8, vt8, kb, vb, inp
@@ -293,9 +299,58 @@ def print_drift(result: dict[str, Any]) -> None:
               f"{f['last_quarter_mean']:.4f}  max {f['max']:.4f}  slope {f['slope_per_chunk']:+.2e}/chunk")
 
 
+# ------------------------------------------------------------------------------------------------ lip sync
+def cmd_lipsync(args: argparse.Namespace) -> dict[str, Any]:
+    """The trained `tiny` on the GPU: lip-sync on the held-out clips per precision, several noise seeds each (the
+    run-to-run spread), scored as `scripts/eval_lipsync.py` does (`characters.train.lipsync.lipsync_score`)."""
+    from characters.engine import DecoderRunner, ReferenceEncoder
+    from characters.train.data import load_split, reference_image
+    from characters.train.evaluate import generate
+    from characters.train.lipsync import lipsync_score
+    from characters.weights import resolve_weights
+
+    clips = load_split(Path(args.data) / "test.npz")[: args.clips]  # the held-out split of scripts/eval_lipsync.py
+    refs = [reference_image(c.identity) for c in clips]
+    rows = []
+    for variant in args.variants.split(","):
+        precision, attention = variant.split(":")
+        cfg = session_config("tiny", "gpu1", dtype="bfloat16", model={"precision": precision,
+                                                                        "attention_precision": attention})
+        if resolve_weights(cfg) is None:
+            raise ValueError("the shipped tiny weights do not fit this config; lip sync needs the trained model")
+        dit = DiTRunner(cfg, device="cuda")
+        dit.capture_graphs()
+        enc, dec = ReferenceEncoder(cfg, device="cuda"), DecoderRunner(cfg, device="cuda")
+        dec.capture_graph()
+        for seed in range(args.seeds):
+            t0 = time.perf_counter()
+            frames = [generate(dit, enc, dec, ref, c.pcm, c.frames, seed * 1000 + i)
+                      for i, (c, ref) in enumerate(zip(clips, refs, strict=True))]
+            score = lipsync_score(frames, [c.pcm for c in clips], [c.identity for c in clips], refs)
+            rows.append({"variant": variant, "seed": seed, **score.as_dict(), "generate_s": time.perf_counter() - t0})
+            print(f"  {variant} seed {seed}: r {score.r:.4f} at offset {score.offset} ({rows[-1]['generate_s']:.0f} s)",
+                  flush=True)
+        del dit, enc, dec
+        torch.cuda.empty_cache()
+    summary = {}
+    for variant in args.variants.split(","):
+        rs = [r["r"] for r in rows if r["variant"] == variant]
+        summary[variant] = {"r_mean": float(np.mean(rs)), "r_min": float(min(rs)), "r_max": float(max(rs)),
+                            "offsets": sorted({r["offset"] for r in rows if r["variant"] == variant})}
+    return {"preset": "tiny", "weights": "shipped (trained)", "clips": len(clips), "seeds": args.seeds,
+            "rows": rows, "summary": summary}
+
+
+def print_lipsync(result: dict[str, Any]) -> None:
+    print(f"tiny (trained), {result['clips']} held-out clips, {result['seeds']} noise seeds per precision")
+    print(f"{'precision:attention':<20} {'r mean':>7} {'r min':>7} {'r max':>7}  best offset")
+    for k, v in result["summary"].items():
+        print(f"{k:<20} {v['r_mean']:>7.4f} {v['r_min']:>7.4f} {v['r_max']:>7.4f}  {v['offsets']}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=["steps", "attention", "drift", "rates"])
+    p.add_argument("part", choices=["steps", "attention", "drift", "rates", "lipsync"])
     p.add_argument("--preset", default="57b")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--layers", type=int, default=None, help="blocks built (default: the preset's)")
@@ -307,10 +362,13 @@ def main() -> None:
     p.add_argument("--profile-variants", default="", help="variants to profile (comma-separated)")
     p.add_argument("--inline", action="store_true", help="run the variants in this process")
     p.add_argument("--variant-timeout", type=float, default=400)
+    p.add_argument("--seeds", type=int, default=3, help="(lipsync) noise seeds per precision")
+    p.add_argument("--clips", type=int, default=51, help="(lipsync) held-out clips")
+    p.add_argument("--data", default=str(ROOT / ".cache" / "tiny_data"), help="(lipsync) the data set's directory")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.perf_counter()
-    part = {"steps": cmd_steps, "attention": cmd_attention, "drift": cmd_drift,
+    part = {"steps": cmd_steps, "attention": cmd_attention, "drift": cmd_drift, "lipsync": cmd_lipsync,
             "rates": lambda a: {k: v / 1e12 for k, v in matmul_rates().items()}}[args.part](args)
     result = {"command": " ".join(["python", *sys.argv]), **env_info(torch.device("cuda")), "part": args.part,
               **part, "wall_s": time.perf_counter() - t0}
@@ -319,7 +377,7 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=1))
     if args.inline:
         return
-    {"steps": print_steps, "attention": print_attention, "drift": print_drift,
+    {"steps": print_steps, "attention": print_attention, "drift": print_drift, "lipsync": print_lipsync,
      "rates": lambda r: print({k: r[k] for k in ("bf16", "fp8")})}[args.part](result)
     print(f"-> {out} ({result['wall_s']:.0f} s)")
 
