@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.livekit, pytest.mark.ray, pytest.
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("CHARACTERS_CHROMIUM", "/usr/bin/chromium"))
-PAGE = ROOT / "deployments" / "watch_page" / "index.html"
+PAGE = ROOT / "deployments" / "api" / "watch_page" / "index.html"
 CHROMIUM_ARGS = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required", "--disable-dev-shm-usage",
                  "--disable-background-timer-throttling", "--disable-renderer-backgrounding"]
 MIN_FPS = 20.0
