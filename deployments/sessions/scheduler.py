@@ -290,6 +290,7 @@ class SessionScheduler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.slots.settle()  # every removed slot's graph torn down, its actors and group gone
         await asyncio.to_thread(self.tele.tel.flush, 2.0)
 
     # ------------------------------------------------------------------------------ decisions (lock held)
