@@ -108,6 +108,15 @@ def test_fp8_is_refused_on_the_cpu_unless_emulated() -> None:
     check_fp8_device("cpu", "model.precision", emulate=True)  # the emulation is allowed
 
 
+def test_fp8_is_refused_on_a_gpu_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"model.precision='fp8' needs compute capability >= 8.9 .*A100.* has 8.0"):
+        check_fp8_device("cuda", "model.precision")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_device("cuda", "model.precision")  # Hopper: accepted
+
+
 # ------------------------------------------------------------------------------------------------ layers and model
 def test_parallel_linear_fp8() -> None:
     layer = ParallelLinear(64, 48, "column")
