@@ -177,10 +177,12 @@ class LiveKitRoom:
         if room is not None:
             room.unregister_byte_stream_handler(AUDIO_STREAM_TOPIC)
 
-    def push_chunk(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
-        """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them."""
+    def push_chunk(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+                   submitted_at: float | None = None) -> None:
+        """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them;
+        `submitted_at`: when the generator took that audio (the room's clock), for `SegmentEvent.split`."""
         if self.publisher is not None and not self.ended.is_set():
-            self.publisher.push(frames, pcm, speech_samples)
+            self.publisher.push(frames, pcm, speech_samples, submitted_at)
 
     async def _refresh_snapshot(self) -> None:
         while True:
