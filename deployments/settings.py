@@ -259,6 +259,9 @@ class ServiceConfig(BaseModel):
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Chunks in flight: 2 lets the DiT make chunk k+1 while k is decoded."
     )
+    jitter_buffer_chunks: float = Field(
+        default=1.0, ge=0, le=4, description="The output's jitter buffer, in chunk durations: the slack against "
+        "late chunks, paid as latency by every chunk (the first waits this long before playout starts).")
     pacing: Literal["realtime", "unpaced"] = Field(
         default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
         "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")

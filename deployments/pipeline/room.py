@@ -140,7 +140,7 @@ class RoomWorker:
         telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
-        self.buffer_s = buffer_chunks * self.chunk_s
+        self.buffer_chunks, self.buffer_s = buffer_chunks, buffer_chunks * self.chunk_s
         self.sink: MediaSink | None = None
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
         self.session_id: str | None = None
@@ -157,6 +157,7 @@ class RoomWorker:
                 raise ValueError("output kind 'file' needs a path; the scheduler resolves it under output_dir")
             self.sink = Mp4Sink(Path(path), g.width, g.height, g.fps, m.audio.sample_rate)
         elif output.kind == "livekit":
+            from characters.pacing import PacingConfig
             from deployments.livekit.config import MediaFormat
             from deployments.livekit.sink import LiveKitSink
 
@@ -165,6 +166,8 @@ class RoomWorker:
             sink = LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk),
                                SessionAudioHandler(session, session_id) if session is not None else None,
                                max_duration_s=None if max_duration_s is None else max_duration_s + 5,
+                               pacing=PacingConfig(fps=g.fps, frames_per_chunk=g.frames_per_chunk,
+                                                   sample_rate=m.audio.sample_rate, target_depth=self.buffer_chunks),
                                on_playback=self._playback.append)  # deque.append: safe from another thread
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink

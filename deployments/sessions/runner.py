@@ -312,7 +312,9 @@ class SessionRunner:
             s.buffer_ms, s.av_offset_ms = report.buffer_s * 1e3, report.av_offset_s * 1e3
             self._stages.add(report.stages, report.chunk)
             s.stage_ms = self._stages.p50()
-            detail = f"digest={report.digest} late={int(report.late)}"
+            detail = f"digest={report.digest} late={int(report.late)}" + "".join(
+                f" {t.stage}_ms={t.duration_ns / 1e6:.1f}" for t in report.stages
+                if t.chunk == report.chunk and t.source == "host" and t.stage in ("dit", "decode"))
             self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,
                                            at=self.wall()))
             for ev in report.playback:
