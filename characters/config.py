@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DType = Literal["float32", "bfloat16", "float16"]
+Precision = Literal["bf16", "fp8"]
 
 
 class _Frozen(BaseModel):
@@ -165,6 +166,18 @@ class ModelConfig(_Frozen):
     vae: VAEConfig
     audio: AudioConfig = AudioConfig()
     generation: GenerationConfig
+    precision: Precision = Field(
+        default="bf16",
+        description="The DiT blocks' linear layers: 'bf16' GEMMs in the session's compute dtype (the reference), or "
+        "'fp8': e4m3 weights quantised once at load per output channel, activations quantised per token inside the "
+        "kernel that produces them, FP8 tensor-core GEMMs (CUDA compute capability >= 8.9; docs/fp8.md).",
+    )
+    attention_precision: Precision = Field(
+        default="bf16",
+        description="Self-attention over the KV cache: 'bf16' (the cache in the compute dtype, cuDNN/SDPA kernels) or "
+        "'fp8': the write-time kernel stores K and V in e4m3 with their scales (half the cache memory) and a Triton "
+        "kernel attends over them (needs cache_mode='write_time' and a GPU with FP8; docs/fp8.md).",
+    )
 
     @property
     def latent_hw(self) -> tuple[int, int]:
@@ -206,6 +219,19 @@ class ModelConfig(_Frozen):
                     f"generation.{field}={value} must be a multiple of {mult} "
                     f"(VAE factor {f} x patch); round it to {value // mult * mult or mult}"
                 )
+        if self.attention_precision == "fp8" and self.generation.cache_mode != "write_time":
+            raise ValueError(
+                f"attention_precision='fp8' needs generation.cache_mode='write_time' (the FP8 cache is written in the "
+                f"form attention reads); got cache_mode={self.generation.cache_mode!r}: use 'write_time' or "
+                "attention_precision='bf16'"
+            )
+        if self.precision == "fp8":
+            for field, value in (("dim", self.dit.dim), ("ffn_dim", self.dit.ffn_dim)):
+                if value % 16:
+                    raise ValueError(
+                        f"precision='fp8' needs dit.{field} divisible by 16 (FP8 GEMM operands); got {value}: "
+                        f"round it to {value // 16 * 16 or 16} or use precision='bf16'"
+                    )
         if self.dit.latent_channels != self.vae.latent_channels:
             raise ValueError(
                 f"dit.latent_channels={self.dit.latent_channels} differs from "
@@ -247,8 +273,8 @@ class TopologyConfig(_Frozen):
         return self.dit_ranks + self.decoder_gpus
 
 
-def check_tensor_parallel(dit: DiTConfig, ranks: int) -> None:
-    """Raise a ValueError naming the field when `dit` cannot be split over `ranks` ranks."""
+def check_tensor_parallel(dit: DiTConfig, ranks: int, precision: Precision = "bf16") -> None:
+    """Raise a ValueError naming the field when `dit` cannot be split over `ranks` ranks (in `precision`)."""
     if ranks < 1:
         raise ValueError(f"tensor-parallel ranks={ranks} must be >= 1")
     for field, value in (("num_heads", dit.num_heads), ("ffn_dim", dit.ffn_dim)):
@@ -258,6 +284,14 @@ def check_tensor_parallel(dit: DiTConfig, ranks: int) -> None:
                 f"dit.{field}={value} is not divisible by {ranks} tensor-parallel ranks; "
                 f"this model splits over {ok} ranks"
             )
+    if precision == "fp8" and ranks > 1:
+        for field, value in (("dim", dit.dim), ("ffn_dim", dit.ffn_dim)):
+            if value % (16 * ranks):
+                raise ValueError(
+                    f"precision='fp8' with {ranks} tensor-parallel ranks needs dit.{field}={value} divisible by "
+                    f"{16 * ranks} (each rank's FP8 GEMM operand a multiple of 16); use fewer ranks or "
+                    "precision='bf16'"
+                )
 
 
 class SessionConfig(_Frozen):
@@ -275,7 +309,7 @@ class SessionConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:
-        check_tensor_parallel(self.model.dit, self.topology.dit_ranks)
+        check_tensor_parallel(self.model.dit, self.topology.dit_ranks, self.model.precision)
         return self
 
     @classmethod

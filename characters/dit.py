@@ -19,10 +19,12 @@ from torch import nn
 from characters.config import ModelConfig
 from characters.kv_cache import KVCache
 from characters.tp import ParallelLinear, TokenShards
+from kernels.fp8 import Fp8Act, quantize_rows_ref
 from kernels.qkv_prep import rms_norm_ref, rope_ref
 
-# attend(layer, qkv (B, T, 3, Hh, Dh), q_norm_weight, k_norm_weight) -> (B, Hh, T, Dh)
-AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attend(layer, qkv (B, T, 3, Hh, Dh), q_norm_weight, k_norm_weight) -> (B, Hh, T, Dh), or, for an FP8
+# model whose cache quantises the output, the output projection's input (B, T, Hh*Dh) as an Fp8Act
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | Fp8Act]
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -61,18 +63,87 @@ def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return rms_norm_ref(x, weight, eps)
 
 
-class ElementwiseOps:
-    """The block's elementwise steps: plain PyTorch, or each compiled into one fused kernel (CUDA)."""
+def _gelu(y: torch.Tensor) -> torch.Tensor:
+    return F.gelu(y, approximate="tanh")
 
-    def __init__(self, fused: bool = False) -> None:
-        self.fused = fused
+
+# FP8 variants: the same steps with the per-token quantisation of their output (the next linear layer's input)
+# as their epilogue; compiled, each is one kernel that writes e4m3 values and a scale per token.
+def _q(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    act = quantize_rows_ref(h)
+    return act.data, act.scale
+
+
+def _modulate_fp8(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _q(_modulate(x, shift, scale, eps))
+
+
+def _gated_add_norm_fp8(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, h = _gated_add_norm(x, y, gate, weight, bias, eps)
+    return (x, *_q(h))
+
+
+def _add_modulate_fp8(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, h = _add_modulate(x, y, shift, scale, eps)
+    return (x, *_q(h))
+
+
+def _gelu_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _q(_gelu(y))
+
+
+class ElementwiseOps:
+    """The block's elementwise steps: plain PyTorch, or each compiled into one fused kernel (CUDA).
+
+    With `fp8`, the steps whose output feeds a linear layer also quantise it per token (returning an
+    `Fp8Act`), and so does the MLP's GELU: in compiled form the quantisation is the epilogue of the kernel
+    that produces the activation, not a pass of its own. The audio cross-attention's output (from SDPA) gets a
+    compiled quantisation pass of its own (`quant`): written as one compiled function with its norms and
+    softmax over the A audio keys it took 14 ms per 57b TP3 chunk against ~1 ms for the pass (docs/fp8.md)."""
+
+    def __init__(self, fused: bool = False, fp8: bool = False) -> None:
+        self.fused, self.fp8 = fused, fp8
         wrap: Callable[[Any], Any] = (lambda f: torch.compile(f, fullgraph=True, dynamic=False)) if fused \
             else (lambda f: f)
-        self.modulate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor] = wrap(_modulate)
         self.gated_add: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = wrap(_gated_add)
-        self.gated_add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = wrap(_gated_add_norm)
-        self.add_modulate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = wrap(_add_modulate)
         self.head_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = wrap(_head_norm)
+        if not fp8:
+            self._modulate = wrap(_modulate)
+            self._gated_add_norm = wrap(_gated_add_norm)
+            self._add_modulate = wrap(_add_modulate)
+            self._gelu: Callable[[torch.Tensor], Any] = _gelu  # one eager kernel already
+        else:
+            self._modulate = wrap(_modulate_fp8)
+            self._gated_add_norm = wrap(_gated_add_norm_fp8)
+            self._add_modulate = wrap(_add_modulate_fp8)
+            self._gelu = wrap(_gelu_fp8)
+            self._quant = wrap(_q)
+
+    def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor | Fp8Act:
+        out = self._modulate(x, shift, scale, eps)
+        return Fp8Act(*out) if self.fp8 else out
+
+    def gated_add_norm(self, x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor | Fp8Act]:
+        out = self._gated_add_norm(x, y, gate, weight, bias, eps)
+        return (out[0], Fp8Act(out[1], out[2])) if self.fp8 else out
+
+    def add_modulate(self, x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor | Fp8Act]:
+        out = self._add_modulate(x, y, shift, scale, eps)
+        return (out[0], Fp8Act(out[1], out[2])) if self.fp8 else out
+
+    def gelu(self, y: torch.Tensor) -> torch.Tensor | Fp8Act:
+        out = self._gelu(y)
+        return Fp8Act(*out) if self.fp8 else out
+
+    def quant(self, y: torch.Tensor) -> Fp8Act:
+        """A per-token quantisation pass of its own (compiled: one kernel), for an input whose producer cannot
+        take it as an epilogue (an attention kernel's output)."""
+        return Fp8Act(*self._quant(y))
 
 
 _PLAIN = ElementwiseOps(False)
@@ -91,8 +162,8 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x)  # (B, T, 3*Hh*Dh): every token, also when x holds only this rank's (sequence parallel)
         b, t = qkv.shape[:2]
         qkv = qkv.view(b, t, 3, self.num_heads, self.head_dim)  # (B, T, 3, Hh, Dh)
-        out = attend(layer, qkv, self.q_norm, self.k_norm)  # (B, Hh, T, Dh)
-        return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
+        out = attend(layer, qkv, self.q_norm, self.k_norm)  # (B, Hh, T, Dh), or already (B, T, Hh*Dh) in FP8
+        return self.o(out if isinstance(out, Fp8Act) else out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
 
 
 class AudioCrossAttention(nn.Module):
@@ -113,12 +184,13 @@ class AudioCrossAttention(nn.Module):
         b, t = q.shape[:2]
         nf, a = ctx.shape[1], ctx.shape[2]
         hh, dh = self.num_heads, self.head_dim
-        q = self.ops.head_norm(q.view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
+        q = self.ops.head_norm(q.view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         k = self.ops.head_norm(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              kv[:, :, 1].transpose(1, 2))  # (B*nF, Hh, N, Dh)
-        return self.o(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
+        out = out.transpose(1, 2).reshape(b, t, -1)  # (B, T, Hh*Dh)
+        return self.o(self.ops.quant(out) if self.ops.fp8 else out)  # (B, T, D)
 
 
 class Block(nn.Module):
@@ -141,7 +213,7 @@ class Block(nn.Module):
         h = ops.modulate(x, shift_a, scale_a, eps)
         x, h = ops.gated_add_norm(x, self.self_attn(h, layer, attend), gate_a, self.norm3.weight, self.norm3.bias, eps)
         x, h = ops.add_modulate(x, self.cross_attn(h, ctx), shift_m, scale_m, eps)
-        return ops.gated_add(x, self.fc2(F.gelu(self.fc1(h), approximate="tanh")), gate_m)
+        return ops.gated_add(x, self.fc2(ops.gelu(self.fc1(h))), gate_m)
 
 
 def block_causal_mask(n_sink: int, chunk_tokens: int, chunks: int, ring: int,
@@ -185,12 +257,32 @@ class CausalDiT(nn.Module):
     def rebuild_buffers(self) -> None:
         self.audio_index = self._audio_index(self.audio_index.device)
 
+    @property
+    def fp8(self) -> bool:
+        """Whether the blocks' linear layers run in FP8 (`to_fp8`)."""
+        block = self.blocks[0]
+        return isinstance(block, Block) and block.fc1.fp8
+
     def fuse_elementwise(self, fused: bool = True) -> None:
-        """Use compiled, fused elementwise steps (CUDA) or plain PyTorch ones."""
-        ops = ElementwiseOps(fused)
+        """Use compiled, fused elementwise steps (CUDA) or plain PyTorch ones (in FP8 form once `to_fp8` ran)."""
+        ops = ElementwiseOps(fused, self.fp8)
         for module in self.modules():
             if isinstance(module, Block | AudioCrossAttention):
                 module.ops = ops
+
+    @torch.no_grad()
+    def to_fp8(self) -> None:
+        """Quantise the blocks' linear layers to e4m3 (per output channel; call after the weights are loaded,
+        or before loading an FP8 checkpoint into the converted model) and switch the elementwise steps to their
+        quantising form. The audio K/V projection stays in the compute dtype: it sees the frame's A audio tokens
+        only (a GEMM too small for FP8 to matter). So do the embeddings, the head and the timestep MLPs."""
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            for layer in (block.self_attn.qkv, block.self_attn.o, block.cross_attn.q, block.cross_attn.o,
+                          block.fc1, block.fc2):
+                layer.to_fp8_()
+        fused = isinstance(self.blocks[0], Block) and self.blocks[0].ops.fused
+        self.fuse_elementwise(fused)
 
     # ------------------------------------------------------------------ pieces
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,8 +341,10 @@ class CausalDiT(nn.Module):
         """
         cos, sin = rope
 
-        def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor:
-            return cache.attend(layer, qkv, qw, kw, cos, sin, offset, valid)
+        fp8 = self.fp8
+
+        def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor | Fp8Act:
+            return cache.attend(layer, qkv, qw, kw, cos, sin, offset, valid, fp8_out=fp8)
 
         return self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend)
 

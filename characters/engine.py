@@ -23,8 +23,16 @@ from characters.rope import RopeTables
 from characters.telemetry import StageRecorder
 from characters.tp import Overlap, apply_tensor_parallel, set_overlap
 from characters.vae import CausalDecoder, VAEEncoder
-from characters.weights import init_weights, load_dit_weights, load_weights, resolve_weights, seeded_build
+from characters.weights import (
+    checkpoint_precision,
+    init_weights,
+    load_dit_weights,
+    load_weights,
+    resolve_weights,
+    seeded_build,
+)
 from kernels.attention import AttentionBackend, pick_backend
+from kernels.fp8 import check_fp8_device
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,12 +63,17 @@ class DiTRunner:
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
                  group: dist.ProcessGroup | None = None, rank: int = 0, ranks: int = 1,
                  attention_backend: AttentionBackend | Literal["auto"] = "auto", communicate: bool = True,
-                 fuse: bool | None = None, tp_overlap: Overlap | None = None) -> None:
-        """`tp_overlap` overrides the topology's `tp_overlap` (sequence-parallel collectives)."""
+                 fuse: bool | None = None, tp_overlap: Overlap | None = None, emulate_fp8: bool = False) -> None:
+        """`tp_overlap` overrides the topology's `tp_overlap` (sequence-parallel collectives). `emulate_fp8` lets
+        an FP8 model (`model.precision` / `model.attention_precision`) run as its float32 reference emulation
+        where FP8 does not run (the CPU: tests); without it such a device is refused with a ValueError."""
         self.cfg, self.device = cfg, torch.device(device)
         m, topo = cfg.model, cfg.topology
         self.dtype = torch_dtype(cfg.dtype)
-        check_tensor_parallel(m.dit, ranks)
+        for field in ("precision", "attention_precision"):
+            if getattr(m, field) == "fp8":
+                check_fp8_device(self.device, f"model.{field}", emulate=emulate_fp8)
+        check_tensor_parallel(m.dit, ranks, m.precision)
         with torch.device("meta"):
             dit = CausalDiT(m)
         apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate,
@@ -69,15 +82,23 @@ class DiTRunner:
         self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         self.weights = resolve_weights(cfg)  # None: seeded random weights
         if self.weights is not None:
+            if checkpoint_precision(self.weights, rank, ranks) == "fp8":  # load FP8 weights into an FP8 model
+                if m.precision != "fp8":
+                    raise ValueError(f"weights={str(self.weights)!r} hold FP8 linear layers but model.precision="
+                                     f"{m.precision!r}; set model.precision='fp8' or give bf16 weights")
+                dit.to_fp8()
             load_dit_weights(dit, self.weights, rank, ranks)
             load_weights(self.audio_encoder, self.weights / "audio.safetensors")
-        self.dit = dit.to(self.dtype).eval()
+        if m.precision == "fp8" and not dit.fp8:
+            dit.to_fp8()  # quantised once, here: this rank's share, per output channel
+        self.dit = dit.eval()
         self.dit.fuse_elementwise(self.device.type == "cuda" if fuse is None else fuse)
         self.audio_encoder.eval()
         heads = m.dit.num_heads // ranks
-        if attention_backend == "auto":
-            attention_backend = self._pick_attention(heads)
+        if attention_backend == "auto":  # (an FP8 cache has one kernel: kernels.attention_fp8)
+            attention_backend = "sdpa" if m.attention_precision == "fp8" else self._pick_attention(heads)
         self.attention_backend: AttentionBackend = attention_backend
+        self.attention_kernel = "triton_fp8" if m.attention_precision == "fp8" else attention_backend
         self.cache = KVCache(m, local_heads=heads, device=self.device, dtype=self.dtype,
                              attention_backend=attention_backend)
         self.rope = RopeTables(m.dit, m.generation.latent_frames_per_chunk, m.token_grid, self.device)

@@ -18,6 +18,12 @@ from characters.config import ModelConfig, SessionConfig
 from characters.dit import Block, CausalDiT
 from characters.tp import ParallelLinear
 
+# Matmul rates measured on the lent H200 (FLOP/s): the median over the 15 step runs of benchmarks/h200/step_*_fp8.json
+# of each run's best-of-five 8192^3 medians (bf16 torch.mm; FP8 torch._scaled_mm with row-wise scales, fast
+# accumulation). The FP8 estimates of `characters presets` and scripts/simulate_fleet.py are floors at these rates.
+H200_BF16_RATE = 755e12
+H200_FP8_RATE = 1380e12
+
 
 @dataclass(frozen=True)
 class ChunkCost:
@@ -29,9 +35,22 @@ class ChunkCost:
     flops_per_forward: float
     flops_per_chunk: float
     flops_per_chunk_per_rank: float
+    # the rank's share split by the unit that runs it (they sum to flops_per_chunk_per_rank)
+    linear_flops_per_chunk_per_rank: float = 0.0  # the blocks' split linear layers (FP8 under precision='fp8')
+    attention_flops_per_chunk_per_rank: float = 0.0  # self- and cross-attention
+    other_flops_per_chunk_per_rank: float = 0.0  # audio K/V, embeddings, head, timestep MLPs
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def floor_ms(self, bf16_rate: float, fp8_rate: float | None = None, fp8_attention: bool = False) -> float:
+        """The rank's FLOP floor per chunk in ms: linear layers at `fp8_rate` when given (FP8 GEMMs), else at
+        `bf16_rate`; self-attention at `fp8_rate` when `fp8_attention`; the rest at `bf16_rate` (FLOP/s)."""
+        lin_rate = fp8_rate or bf16_rate
+        att_rate = fp8_rate if fp8_attention and fp8_rate else bf16_rate
+        return 1e3 * (self.linear_flops_per_chunk_per_rank / lin_rate
+                      + self.attention_flops_per_chunk_per_rank / att_rate
+                      + self.other_flops_per_chunk_per_rank / bf16_rate)
 
 
 def build_meta_dit(cfg: ModelConfig) -> CausalDiT:
@@ -61,6 +80,10 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
     token_share = ranks if session.topology.sequence_parallel else 1
     per_forward_rank = split_flops / ranks + token_flops / token_share + rep_flops
     n = g.forwards_per_chunk
+    linear = 2 * t * (split - kv_weights) / ranks
+    attention = attn / ranks
     return ChunkCost(params=total, params_per_rank=(split // ranks) + (total - split), tokens_per_chunk=t,
                      cache_tokens=s, forwards_per_chunk=n, flops_per_forward=per_forward,
-                     flops_per_chunk=n * per_forward, flops_per_chunk_per_rank=n * per_forward_rank)
+                     flops_per_chunk=n * per_forward, flops_per_chunk_per_rank=n * per_forward_rank,
+                     linear_flops_per_chunk_per_rank=n * linear, attention_flops_per_chunk_per_rank=n * attention,
+                     other_flops_per_chunk_per_rank=n * (per_forward_rank - linear - attention))

@@ -10,6 +10,10 @@ overwritten. Attention is order-free once RoPE is applied, so the ring never mov
 ring has filled (k < R - 1) only the prefix [sink | slots 0..k] is valid, and attention reads that
 prefix: one static shape per warm-up chunk, then one for the steady state.
 
+FP8 (`ModelConfig.attention_precision = "fp8"`, write-time only): K in e4m3 (B, Hh, S, Dh), V in e4m3 transposed
+(B, Hh, Dh, S) with a float32 scale per (head, key), and per layer the q / k scales: half the cache memory,
+written by `kernels.qkv_prep_fp8` and read as is by `kernels.attention_fp8`.
+
 Two modes (`GenerationConfig.cache_mode`):
 
 - ``write_time``: Q/K get their norm and RoPE, K/V their dtype and (B, Hh, S, Dh) layout once,
@@ -23,8 +27,11 @@ from __future__ import annotations
 import torch
 
 from characters.config import ModelConfig
-from kernels.attention import AttentionBackend, attention
+from kernels.attention import AttentionBackend, attention, attention_fp8_out
+from kernels.attention_fp8 import attention_fp8
+from kernels.fp8 import FP8, Fp8Act, quantize_rows
 from kernels.qkv_prep import qkv_prep, rms_norm_ref, rope_ref
+from kernels.qkv_prep_fp8 import qkv_prep_fp8
 
 
 class KVCache:
@@ -35,7 +42,16 @@ class KVCache:
         self.sink_tokens, self.chunk_tokens, self.ring_slots = cfg.tokens_per_frame, cfg.tokens_per_chunk, g.ring_slots
         self.eps, self.dtype, self.backend = d.eps, dtype, attention_backend
         shape_s = (d.num_layers, batch, cfg.cache_tokens)
-        if self.mode == "write_time":
+        self.fp8 = cfg.attention_precision == "fp8"
+        if self.fp8:
+            self.k = torch.zeros(d.num_layers, batch, local_heads, cfg.cache_tokens, d.head_dim, device=device,
+                                 dtype=FP8)  # (L, B, Hh, S, Dh) e4m3
+            self.vt = torch.zeros(d.num_layers, batch, local_heads, d.head_dim, cfg.cache_tokens, device=device,
+                                  dtype=FP8)  # (L, B, Hh, Dh, S) e4m3, V transposed
+            self.v_scale = torch.ones(d.num_layers, batch, local_heads, cfg.cache_tokens,
+                                      device=device)  # (L, B, Hh, S)
+            self.qk_scale = torch.ones(d.num_layers, 2, device=device)  # (L, 2): q and k scales per layer
+        elif self.mode == "write_time":
             self.k = torch.zeros(d.num_layers, batch, local_heads, cfg.cache_tokens, d.head_dim,
                                  device=device, dtype=dtype)  # (L, B, Hh, S, Dh)
             self.v = torch.zeros_like(self.k)
@@ -45,13 +61,15 @@ class KVCache:
             self.cos = torch.zeros(cfg.cache_tokens, d.head_dim // 2, device=device)  # (S, Dh/2)
             self.sin = torch.zeros_like(self.cos)
 
+    def _buffers(self) -> list[torch.Tensor]:
+        if self.fp8:
+            return [self.k, self.vt, self.v_scale, self.qk_scale]
+        return [self.k, self.v] + ([self.cos, self.sin] if self.mode == "naive" else [])
+
     def reset(self) -> None:
         """Wipe every buffer in place (a returned warm slot keeps nothing of the last session)."""
         for buf in self._buffers():
-            buf.zero_()
-
-    def _buffers(self) -> list[torch.Tensor]:
-        return [self.k, self.v] + ([self.cos, self.sin] if self.mode == "naive" else [])
+            (buf.view(torch.uint8) if buf.dtype == FP8 else buf).zero_()
 
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers())
@@ -65,9 +83,14 @@ class KVCache:
 
     # ------------------------------------------------------------------ the attention call
     def attend(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-               cos: torch.Tensor, sin: torch.Tensor, offset: int, valid: int) -> torch.Tensor:
+               cos: torch.Tensor, sin: torch.Tensor, offset: int | torch.Tensor, valid: int, fp8_out: bool = False
+               ) -> torch.Tensor | Fp8Act:
         """Write this call's K/V at `offset` and attend over keys [0, valid). qkv: (B, T, 3, Hh, Dh).
-        Returns (B, Hh, T, Dh)."""
+        Returns (B, Hh, T, Dh); with `fp8_out` (an FP8 model) the output projection's input instead, (B, T, Hh*Dh)
+        quantised per token."""
+        attend = attention_fp8_out if fp8_out else attention
+        if self.fp8:
+            return self._attend_fp8(layer, qkv, q_weight, k_weight, cos, sin, offset, valid, fp8_out)
         if self.mode == "write_time":
             kc, vc = self.k[layer], self.v[layer]  # (B, Hh, S, Dh)
             b, t, _, hh, dh = qkv.shape
@@ -75,7 +98,9 @@ class KVCache:
             # projection's (B, T, Hh*Dh) view needs no copy
             q = torch.empty(b, t, hh, dh, device=qkv.device, dtype=qkv.dtype).transpose(1, 2)  # (B, Hh, T, Dh)
             q = qkv_prep(qkv, q_weight, k_weight, cos, sin, kc, vc, offset, self.eps, out=q)
-            return attention(q, kc[:, :, :valid], vc[:, :, :valid], self.backend)
+            return attend(q, kc[:, :, :valid], vc[:, :, :valid], self.backend)
+        if not isinstance(offset, int):
+            raise ValueError("cache_mode='naive' needs a host int offset (it slices the cache); use 'write_time'")
         t = qkv.shape[1]
         kr, vr = self.k[layer], self.v[layer]  # (B, S, Hh, Dh) fp32
         kr[:, offset:offset + t] = qkv[:, :, 1].float()
@@ -86,4 +111,17 @@ class KVCache:
         q = q.to(self.dtype).transpose(1, 2)  # (B, Hh, T, Dh)
         k = k.to(self.dtype).transpose(1, 2)  # (B, Hh, valid, Dh)
         v = vr[:, :valid].to(self.dtype).transpose(1, 2)
-        return attention(q, k, v, self.backend)
+        return attend(q, k, v, self.backend)
+
+    def _attend_fp8(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, offset: int | torch.Tensor, valid: int, fp8_out: bool
+                    ) -> torch.Tensor | Fp8Act:
+        """The FP8 cache: one kernel writes q8 and this chunk's K/V (with scales), one reads them."""
+        b, t, _, hh, dh = qkv.shape
+        k, vt, vs, qks = self.k[layer], self.vt[layer], self.v_scale[layer], self.qk_scale[layer]
+        q = torch.empty(b, t, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # (B, Hh, T, Dh) token-major
+        q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, k, vt, vs, qks, offset, self.eps, out=q)
+        out = attention_fp8(q, k[:, :, :valid], vt[..., :valid], vs[..., :valid], qks, qkv.dtype)  # (B, Hh, T, Dh)
+        if not fp8_out:
+            return out
+        return quantize_rows(out.transpose(1, 2).reshape(b, t, hh * dh))  # the output projection's input

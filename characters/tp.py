@@ -40,6 +40,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fp8 import FP8, Fp8Act, fp8_linear, quantize_rows_ref, quantize_weight
+
 Mode = Literal["column", "row"]
 Overlap = Literal["none", "ring", "symm_mem"]
 OVERLAPS: tuple[Overlap, ...] = ("none", "ring", "symm_mem")
@@ -118,6 +120,24 @@ class TokenShards:
             buf.copy_(x.expand_as(buf))  # (n, B, m, W) <- (B, m, W) in every block
         return buf
 
+    def gather_act(self, act: Fp8Act) -> Fp8Act:
+        """An FP8 activation's rows from all ranks: its e4m3 values (moved as bytes: half the bf16 traffic)
+        and its per-token scales. (B, m, K) -> (B, T, K)."""
+        data = self.gather(act.data.view(torch.uint8)).view(FP8)
+        return Fp8Act(data, self.gather(act.scale))
+
+    def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the sum over ranks of `partial`, each rank's (B, T, N) -> (B, m, N)."""
+        n, r, m = self.size, self.rank, self.rows
+        padded = self._padded(partial)  # (B, n*m, N)
+        if not self.communicate:
+            return padded[:, r * m:(r + 1) * m]
+        b = padded.shape[0]
+        blocks = padded.view(b, n, m, -1).transpose(0, 1).contiguous()  # (n, B, m, N); a view for B == 1
+        out = torch.empty_like(blocks[0])
+        dist.reduce_scatter_tensor(out, blocks.flatten(0, 1), group=self.group)  # (n*B, m, N) -> (B, m, N)
+        return out
+
     def gather_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """linear(all-gather(x)): (B, m, K) local rows -> (B, T, N) every token, this rank's features."""
         if self.overlap == "none" or not self.communicate:
@@ -161,15 +181,8 @@ class TokenShards:
                 y.add_(bias)
             return y[None]  # (1, m, N)
         bias = bias if r == 0 else None
-        if not self.communicate:  # the rank's GEMM over every token, as in the real path; its rows kept
-            return self._padded(F.linear(x, weight, bias))[:, r * m:(r + 1) * m]
-        if self.overlap == "none":
-            partial = self._padded(F.linear(x, weight, bias))  # (B, n*m, N)
-            b = partial.shape[0]
-            blocks = partial.view(b, n, m, -1).transpose(0, 1).contiguous()  # (n, B, m, N); a view for B == 1
-            out = torch.empty_like(blocks[0])
-            dist.reduce_scatter_tensor(out, blocks.flatten(0, 1), group=self.group)  # (n*B, m, N) -> (B, m, N)
-            return out
+        if self.overlap == "none" or not self.communicate:  # without communication: the rank's GEMM over every
+            return self.reduce_scatter(F.linear(x, weight, bias))  # token, as in the real path; its rows kept
         # ring: block c's sum starts at rank c+1 and gathers one rank's partial per step, ending at rank c
         inbox = [torch.empty(x.shape[0], m, weight.shape[0], device=x.device, dtype=x.dtype) for _ in range(2)]
         pending: list[dist.Work] = []
@@ -218,6 +231,8 @@ def _linear_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
 
 
 class ParallelLinear(nn.Linear):
+    weight_scale: torch.Tensor  # (out,) float32, only once `to_fp8_` ran
+
     def __init__(self, in_features: int, out_features: int, mode: Mode, *, groups: int = 1, bias: bool = True,
                  sequence: bool = False) -> None:
         """`sequence`: a column layer whose input is the residual stream (split by tokens under sequence
@@ -231,23 +246,38 @@ class ParallelLinear(nn.Linear):
         self.group: dist.ProcessGroup | None = None
         self.communicate = True
         self.shards: TokenShards | None = None
+        self.fp8 = False  # `to_fp8_`: e4m3 weight with per-output-channel `weight_scale`, FP8 GEMM
+        self.compute_dtype = torch.float32
 
-    def shard_tensor(self, name: Literal["weight", "bias"], full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the logical (unsplit) `weight` or `bias` tensor."""
+    def shard_tensor(self, name: Literal["weight", "bias", "weight_scale"], full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the logical (unsplit) `weight`, `bias` or FP8 `weight_scale` tensor."""
         r, n = self.tp_rank, self.tp_size
         if n == 1:
             return full
         if self.mode == "row":
-            if name == "bias":
-                return full  # added once, after the all-reduce
+            if name != "weight":
+                return full  # bias: added once, after the all-reduce; per-output-channel scales: every rank's
             cols = full.shape[1] // n
             return full[:, r * cols:(r + 1) * cols]
         grouped = full.reshape(self.groups, full.shape[0] // self.groups, *full.shape[1:])  # (G, out/G, ...)
         rows = grouped.shape[1] // n
         return grouped[:, r * rows:(r + 1) * rows].reshape(-1, *full.shape[1:])
 
-    def full_shape(self, name: Literal["weight", "bias"]) -> tuple[int, ...]:
+    def full_shape(self, name: Literal["weight", "bias", "weight_scale"]) -> tuple[int, ...]:
         return (self.full_out, self.full_in) if name == "weight" else (self.full_out,)
+
+    @torch.no_grad()
+    def to_fp8_(self) -> None:
+        """Quantise this rank's weight once, per output channel, to e4m3 (`weight`) with float32 scales
+        (`weight_scale`, a buffer saved with the weights); forwards then run the FP8 GEMM, their output in the
+        weight's former dtype. An FP8 checkpoint loads into the converted module as is."""
+        if self.fp8:
+            return
+        self.compute_dtype = self.weight.dtype
+        w8, scale = quantize_weight(self.weight)
+        self.weight = nn.Parameter(w8, requires_grad=False)
+        self.register_buffer("weight_scale", scale)
+        self.fp8 = True
 
     def shard_(self, rank: int, size: int, group: dist.ProcessGroup | None, communicate: bool = True,
                shards: TokenShards | None = None) -> None:
@@ -258,6 +288,8 @@ class ParallelLinear(nn.Linear):
             return
         if self.tp_size != 1:
             raise RuntimeError("ParallelLinear is already sharded; shard a freshly built model")
+        if self.fp8:
+            raise RuntimeError("ParallelLinear is already FP8; shard first, then call to_fp8_ (or load FP8 shards)")
         self.tp_rank, self.tp_size, self.group, self.communicate = rank, size, group, communicate
         self.shards = shards if self.sequence else None
         with torch.no_grad():
@@ -269,7 +301,12 @@ class ParallelLinear(nn.Linear):
         else:
             self.out_features //= size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+        if self.fp8:
+            return self._forward_fp8(x)
+        if isinstance(x, Fp8Act):
+            raise ValueError(f"{type(self).__name__}: an FP8 activation reached a bf16 layer ({self.full_in} -> "
+                             f"{self.full_out}); convert the model with to_fp8() or feed it a plain tensor")
         if self.tp_size == 1:
             return super().forward(x)
         if self.mode == "column":
@@ -279,6 +316,29 @@ class ParallelLinear(nn.Linear):
         # rank 0 adds the bias in the GEMM's epilogue; the sum over ranks then counts it exactly once
         bias = self.bias if self.tp_rank == 0 else None
         y = F.linear(x, self.weight, bias)
+        if self.communicate:
+            dist.all_reduce(y, group=self.group)
+        return y
+
+    def _forward_fp8(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+        """The FP8 GEMM. `x` normally arrives quantised by the kernel that produced it (an `Fp8Act`); a plain
+        tensor is quantised here, in a pass of its own (the reference path's inputs)."""
+        act = x if isinstance(x, Fp8Act) else quantize_rows_ref(x)
+        w, sw, dtype = self.weight, self.weight_scale, self.compute_dtype
+        if self.tp_size == 1:
+            return fp8_linear(act.data, act.scale, w, sw, self.bias, dtype)
+        shards = self.shards
+        if shards is not None and shards.communicate and shards.overlap != "none":
+            raise ValueError(f"precision='fp8' runs the sequence-parallel collectives as tp_overlap='none'; got "
+                             f"tp_overlap={shards.overlap!r}: set topology.tp_overlap='none' for FP8")
+        if self.mode == "column":
+            if shards is not None:
+                act = shards.gather_act(act)  # (B, T, K) every token, FP8 bytes moved
+            return fp8_linear(act.data, act.scale, w, sw, self.bias, dtype)
+        bias = self.bias if self.tp_rank == 0 else None  # the sum over ranks carries it once
+        y = fp8_linear(act.data, act.scale, w, sw, bias, dtype)
+        if shards is not None:
+            return shards.reduce_scatter(y)
         if self.communicate:
             dist.all_reduce(y, group=self.group)
         return y

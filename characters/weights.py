@@ -4,6 +4,10 @@ Initialisation draws every parameter's *logical* (unsplit) tensor from a generat
 (seed, parameter name) and keeps this rank's slice, so a model is the same function of its seed
 whatever the tensor-parallel split, and memory stays at one parameter's full size at a time.
 
+A DiT in FP8 (`CausalDiT.to_fp8`) saves its blocks' linear weights in e4m3 with a `<layer>.weight_scale`
+(float32, per output channel) beside each; such a checkpoint loads into a model converted first
+(`checkpoint_precision` says which kind a checkpoint is). Its shards slice the scales with the rows they belong to.
+
 Checkpoint layout (a directory):
 
     model.json                       the ModelConfig the weights belong to
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -165,12 +170,23 @@ def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: 
     for name, tensor in state.items():
         mname, _, pname = name.rpartition(".")
         module = modules.get(mname)
-        if isinstance(module, ParallelLinear) and pname in ("weight", "bias"):
+        if isinstance(module, ParallelLinear) and pname in ("weight", "bias", "weight_scale"):
             state[name] = module.shard_tensor(pname, tensor)  # type: ignore[arg-type]
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights {whole} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model
+
+
+def checkpoint_precision(directory: str | Path, rank: int = 0, ranks: int = 1) -> str:
+    """'fp8' when the DiT file rank `rank` loads holds FP8 linear weights (`*.weight_scale` entries), else 'bf16'."""
+    path = shard_path(directory, rank, ranks)
+    if not path.is_file():
+        path = Path(directory) / "dit.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        return "fp8" if any(k.endswith(".weight_scale") for k in f.keys()) else "bf16"  # noqa: SIM118
 
 
 def save_dit_shards(full_model: nn.Module, directory: str | Path, ranks: int) -> list[Path]:

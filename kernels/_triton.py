@@ -56,3 +56,27 @@ def jit_for_current_mode(fn: Callable[..., Any], **jit_kwargs: Any) -> Any:
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _to_e4m3(x, INTERPRET: tl.constexpr):
+    """x (float32) -> float8e4nv, round to nearest even, saturated to +-448 (as torch's cast after a clamp).
+
+    Compiled, the cast is the hardware's (cvt.rn.satfinite on sm_89+). Triton's interpreter rounds wrongly
+    where the mantissa carries into the exponent (31.9 -> 16, seen with triton 3.6), so under INTERPRET the
+    value is first rounded to the e4m3 grid in float32 (exact: the grid step is a power of two) and the
+    interpreter then only casts representable values."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    if INTERPRET:
+        ax = tl.abs(x)
+        e = ((ax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 |x|) for normal floats
+        e = tl.maximum(e, -6)  # below 2^-6: e4m3's subnormal step 2^-9
+        step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e-3): 3 mantissa bits
+        y = ax / step
+        r = tl.floor(y + 0.5)
+        odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+        r = tl.where(((r - y) == 0.5) & odd, r - 1.0, r)  # ties to even
+        x = tl.where(x < 0, -r * step, r * step)
+    return x.to(tl.float8e4nv)
+
+
+to_e4m3: Any = triton.jit(_to_e4m3) if HAS_TRITON else None

@@ -33,6 +33,11 @@ one kernel), `parts_ref` (float32 math) on CPU tensors, where neither kernel run
 
 `pick_backend` times the available backends on the real shapes at warm-up time (never inside the step or
 a graph capture: it synchronizes) and returns the fastest.
+
+`attention_fp8_out` is the same attention for an FP8 model: it returns the output projection's input
+(B, Tq, Hh*Dh) quantised per token (`kernels.fp8`). With a split backend the quantisation is the epilogue of
+the compiled merge, the kernel that already writes the output; with any other backend it is one compiled
+pass of its own after the attention kernel.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kernels.fp8 import Fp8Act, quantize_rows, quantize_rows_ref
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "PARTS",
@@ -56,9 +63,11 @@ __all__ = [
     "MergeFn",
     "PartsFn",
     "attention",
+    "attention_fp8_out",
     "attention_ref",
     "available_backends",
     "merge_parts",
+    "merge_parts_fp8",
     "parts_cudnn",
     "parts_flash",
     "parts_ref",
@@ -146,6 +155,45 @@ def attention(
         out = res[0] if isinstance(res, tuple) else res  # FA3 builds may also return the log-sum-exp
         return out.transpose(1, 2)  # (B, Hh, Tq, Dh) view of (B, Tq, Hh, Dh)
     raise ValueError(f"attention: backend={backend!r} is unknown; expected one of {list(ATTENTION_BACKENDS)}")
+
+
+def attention_fp8_out(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    backend: AttentionBackend = "sdpa",
+    scale: float | None = None,
+) -> Fp8Act:
+    """`attention`, its output per token quantised to e4m3: (B, Tq, Hh*Dh) values and (B, Tq, 1) scales.
+
+    Split backends on CUDA fold the quantisation into their compiled merge; others run one compiled
+    quantisation pass after the kernel; on CPU everything is the reference."""
+    _check_qkv(q, k, v)
+    b, _, tq, _ = q.shape
+    if backend in _SPLIT and q.is_cuda:
+        kernel, n = _SPLIT[backend]
+        n = _part_count(k.shape[2], n)
+        if n > 1:
+            scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+            out, lse = PARTS[kernel](_fold_q(q, n, _Q_FOLD[kernel]), _fold_kv(k, n), _fold_kv(v, n), scale)
+            out5, lse4 = out.unflatten(0, (b, n)), lse.unflatten(0, (b, n))  # (B, n, Hh, Tq, Dh), (B, n, Hh, Tq)
+            return Fp8Act(*_compiled_merge_fp8()(out5.transpose(2, 3), lse4.transpose(2, 3)))
+    return quantize_rows(attention(q, k, v, backend, scale).transpose(1, 2).reshape(b, tq, -1))  # (B, Tq, Hh*Dh)
+
+
+def merge_parts_fp8(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`merge_parts` over token-major parts, then the per-token quantisation of the merged rows.
+    out (B, n, Tq, Hh, Dh), lse (B, n, Tq, Hh) -> e4m3 (B, Tq, Hh*Dh), scales (B, Tq, 1)."""
+    act = quantize_rows_ref(merge_parts(out, lse).flatten(-2))
+    return act.data, act.scale
+
+
+@functools.cache
+def _compiled_merge_fp8() -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """`merge_parts_fp8` compiled (one fused kernel per shape; warm up before any capture)."""
+    fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = torch.compile(
+        merge_parts_fp8, dynamic=False)
+    return fn
 
 
 def available_backends(device: torch.device | str, dtype: torch.dtype) -> list[AttentionBackend]:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install carried wheels, run the GPU tests, then the benchmarks.
-# Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|profile|pipeline|all]
+# Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|profile|pipeline|fp8|all]
+#   fp8: FP8_PARTS (default "tests attention tp3 tp4 wan"; also tp2 lipsync drift drift57) picks the FP8 runs
+#   (docs/fp8.md), each under its own timeout; lipsync needs .cache/tiny_data/test.npz carried.
 #   or `source scripts/gpu_session.sh setup` to install the wheels and set the environment for commands of your own.
 # Carry .whl_pipeline (scripts/device_wheels.sh: Ray and the chunk path's other needs, 43 MB) or an older .whl.
 set -uo pipefail
@@ -44,6 +46,27 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
     --out "$OUT/profile_57b_h100x5.json"
   python3 scripts/bench_decoder.py --preset 57b --device cuda --iters 15 --variants windows_graph_bench --profile \
     --out "$OUT/decoder_57b_profile.json"
+fi
+if [ "$what" = fp8 ]; then  # the FP8 path (issue 17): GPU tests, attention kernels, rank steps, drift
+  parts=" ${FP8_PARTS:-tests attention tp3 tp4 wan} "
+  part() { [[ "$parts" == *" $1 "* ]]; }
+  b() { timeout "${FP8_TIMEOUT:-420}" python3 scripts/bench_fp8.py "$@" 2>&1 | grep -v "^  warnings.warn" | tail -40; }
+  part tests && timeout 240 python3 -m pytest tests/gpu/test_fp8_gpu.py -q -p no:cacheprovider 2>&1 | tail -25 \
+    | tee "$OUT/gpu_tests_fp8.txt"
+  part attention && b attention --out "$OUT/attention_fp8.json"
+  part tp3 && b steps --preset 57b --ranks 3 --variants "${FP8_TP3:-sp:bf16:bf16,sp:fp8:bf16,sp:fp8:fp8,rep:fp8:fp8}" \
+    --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_57b_tp3_fp8.json"
+  part tp4 && b steps --preset 57b --ranks 4 --variants "${FP8_TP4:-sp:fp8:fp8,rep:fp8:fp8}" \
+    --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_57b_tp4_fp8.json"
+  part tp2 && b steps --preset 57b --ranks 2 --variants "${FP8_TP2:-sp:fp8:fp8,rep:fp8:fp8}" \
+    --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_57b_tp2_fp8.json"
+  part wan && b steps --preset wan-1.3b --ranks 1 --variants "${FP8_WAN:-rep:fp8:bf16,rep:fp8:fp8}" \
+    --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_wan-1.3b_fp8.json"
+  part lipsync && b lipsync --variants "${FP8_LIPSYNC:-bf16:bf16,fp8:bf16,fp8:fp8}" --seeds "${FP8_SEEDS:-3}" \
+    --out "$OUT/lipsync_tiny_fp8.json"
+  part drift && b drift --preset wan-1.3b --chunks 100 --variants fp8:bf16,fp8:fp8 --out "$OUT/drift_wan-1.3b.json"
+  part drift57 && b drift --preset 57b --layers "${FP8_DRIFT_LAYERS:-12}" --chunks 100 --variants fp8:bf16,fp8:fp8 \
+    --out "$OUT/drift_57b.json"
 fi
 if [ "$what" = pipeline ]; then  # whole sessions on Ray: compiled graph, NCCL latents to a decoder GPU of its own
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)

@@ -16,6 +16,7 @@ PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q
 if [ -n "$extra" ]; then
     scripts/build_web.sh
     scripts/install_chromium.sh
+    scripts/install_otelcol.sh >/dev/null  # the collector the telemetry test runs the shipped config on
 else
     scripts/build_web.sh || echo "setup.sh: the watch page (/watch/) is not built; the API works without it" >&2
 fi

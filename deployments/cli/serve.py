@@ -4,7 +4,9 @@
               livekit_port=7880) -> exit code
 
 - No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
-  service (tiny preset, CPU topology) unless the config says otherwise. With RAY_ADDRESS: joins that
+  service (tiny preset, CPU topology) unless the config says otherwise, keeping one warm slot (the first
+  session starts in about a second instead of building a slot for 10-20 s) unless `warm_slots` is given
+  (config or CHARACTERS_WARM_SLOTS); the addresses are printed once that slot is warm. With RAY_ADDRESS: joins that
   cluster and deploys the app there.
 - `config_path`: a YAML file holding the app args of `deployments.api.app.build_app`
   (`{service: {...}, api: {...}, ingress: {...}}`); None: the defaults plus CHARACTERS_* variables.
@@ -31,6 +33,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -45,6 +48,8 @@ if TYPE_CHECKING:
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_GRPC_PORT, DEFAULT_LIVEKIT_PORT = "127.0.0.1", 8000, 9000, 7880
 SCHEDULER_SHUTDOWN_S = 15.0
+LOCAL_WARM_SLOTS = 1  # own cluster, warm_slots not given: one slot kept warm
+WARM_WAIT_S = 300.0  # how long start-up waits for it (a cold slot of `tiny` takes 10-20 s on 2 cores)
 GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # Serve's default is 2 GiB: cap what its proxy will buffer
 
 
@@ -66,6 +71,28 @@ def _load_args(config_path: str | None) -> dict[str, Any]:
         raise ValueError(f"config {path} must be a mapping of app args (service, api, ingress), got "
                          f"{type(data).__name__}")
     return data
+
+
+def _with_local_warm_slot(args: dict[str, Any]) -> dict[str, Any]:
+    """The app args with `service.warm_slots = LOCAL_WARM_SLOTS`, unless the args or CHARACTERS_WARM_SLOTS set it."""
+    from deployments.settings import WARM_SLOTS
+
+    service = dict(args.get("service") or {})
+    if "warm_slots" in args or "warm_slots" in service or os.environ.get(WARM_SLOTS.name):
+        return args
+    return {**args, "service": {**service, "warm_slots": LOCAL_WARM_SLOTS}}
+
+
+def _wait_warm(scheduler: Any, want: int, timeout_s: float) -> Capacity:
+    """Poll the scheduler's capacity until `want` warm slots are free (or `timeout_s`); the last answer."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cap = cast(Capacity, ray.get(scheduler.capacity.remote(), timeout=60))
+        if cap.warm_slots_free >= want or cap.bundles_total == 0 or time.monotonic() > deadline:
+            return cap
+        time.sleep(0.5)
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -124,6 +151,8 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
     os.environ.setdefault("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", str(GRPC_MAX_MESSAGE_BYTES))
     try:
         args = _load_args(config_path)
+        if address is None:
+            args = _with_local_warm_slot(args)
         from deployments.api.app import parse_args  # imports Ray: after the environment is set
 
         service, _, _ = parse_args(args)
@@ -164,8 +193,13 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
         serve.start(http_options={"host": host, "port": port}, grpc_options=grpc)
         serve.run(build_app(args), name=APP_NAME, route_prefix="/")
         try:
-            cap = cast(Capacity, ray.get(connect_scheduler(service).capacity.remote(), timeout=120))
-            _say(f"scheduler ready: {cap.bundles_free}/{cap.bundles_total} bundles free, preset {service.preset}")
+            t0 = time.monotonic()
+            if service.warm_slots:
+                _say(f"warming {service.warm_slots} slot(s) of {service.preset} (warm_slots)")
+            cap = _wait_warm(connect_scheduler(service), min(service.warm_slots, 1), WARM_WAIT_S)
+            warm = f", {cap.warm_slots_free} warm slot(s) ready in {time.monotonic() - t0:.1f} s" \
+                if service.warm_slots else ""
+            _say(f"scheduler ready: {cap.bundles_free}/{cap.bundles_total} bundles free, preset {service.preset}{warm}")
         except (ray.exceptions.RayError, ImportError, ValueError) as e:  # the API still answers (503 until then)
             _say(f"scheduler not ready ({type(e).__name__}: {e}); the API answers 503 scheduler_unavailable")
         _say(f"HTTP  http://{host}:{port}/v1/sessions   docs http://{host}:{port}/docs")

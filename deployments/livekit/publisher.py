@@ -62,14 +62,15 @@ class MediaPublisher:
         self._task = asyncio.create_task(self._run(), name="livekit-playout")
         self._task.add_done_callback(self._done)
 
-    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
+    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+             submitted_at: float | None = None) -> None:
         """Queue a chunk for playout (see `Playout.push`); wakes the playout task. The arrays are kept
         until played: the caller must not modify them afterwards."""
         h, w = self.media.height, self.media.width
         if frames.ndim != 4 or frames.shape[1:] != (h, w, 3):
             raise ValueError(f"frames are {frames.shape}, the video track takes (F, {h}, {w}, 3); publish at the "
                              "preset's resolution")
-        self.playout.push(frames, pcm, speech_samples)
+        self.playout.push(frames, pcm, speech_samples, submitted_at)
         self._wake.set()
 
     def wake(self) -> None:

@@ -169,6 +169,12 @@ class CompiledPipeline:
         the slot with its actors (unfetched refs are kept: dropping one waits on its result buffer)."""
         return not self.refs and not self.failed
 
+    def teardown(self) -> None:
+        """End the graph for good, before the slot's actors are killed: every actor's loop is cancelled and
+        exits, so no loop sees its peers die (Ray then logs 'Error cancelling worker task' per actor). Waits
+        at most `teardown_timeout_s` per stage; blocking: call it from a thread."""
+        self.dag.teardown()
+
 
 class ActorCallPipeline:
     """The same chunk flow over plain actor calls (one task per worker per chunk)."""
@@ -233,7 +239,7 @@ def run_chunk_loop(
             if reason is not None:
                 break
             submitted = clock()  # before submit: the workers may start on it before submit returns
-            pipeline.submit(ChunkInput(session_id, k, audio(k)))
+            pipeline.submit(ChunkInput(session_id, k, audio(k), submitted))
             inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
+from characters.pacing import SegmentEvent
 from characters.process_group import free_port, join
 from characters.telemetry import StageTime
 from deployments.pipeline.handoff import REFERENCE, Latents, pack, unpack
@@ -44,6 +45,7 @@ class ChunkInput:
     session_id: str
     chunk: int
     pcm: np.ndarray  # (n,) float32 mono 16 kHz, n = len(chunk_sample_range(chunk))
+    submitted_at: float | None = None  # when the chunk loop took this audio (time.monotonic: the slot's node)
 
 
 @dataclass(frozen=True)
@@ -78,13 +80,16 @@ class ChunkReport:
     frames: int
     late: bool
     lateness_s: float
-    delivered_fps: float
+    delivered_fps: float  # generated frames per second of playout: new frames only (a late chunk stretches it)
     digest: str  # `frames_digest`: equal frames -> equal digests (a content fingerprint, not a security hash)
     published_at: float  # the room's clock (monotonic: comparable on one node, where the whole slot is)
     stages: tuple[StageTime, ...] = ()  # where the time went (telemetry on): this chunk's host times, and
     #                                     GPU times of earlier chunks (CUDA events are read once complete)
     buffer_s: float = 0.0  # media queued ahead of playout when this chunk arrived (the jitter buffer)
     av_offset_s: float = 0.0  # video minus audio play time, as the sink measures it (0: muxed together)
+    presented_fps: float = 0.0  # frames the output presented per second, held repeats of late chunks included
+    #                              (a LiveKit room's playout; 0: not measured); delivered_fps counts new frames only
+    playback: tuple[SegmentEvent, ...] = ()  # speech segments that started or finished since the last report
 
 
 class SessionMismatch(RuntimeError):

@@ -75,6 +75,14 @@ class SessionActor:
         """Compile the slot's chunk graph (the last stage of building the slot: no session waits for it)."""
         await asyncio.to_thread(self._slot_pipeline)
 
+    async def close(self) -> None:
+        """The slot is being removed: tear its compiled graph down first (its actors are killed next), in a
+        thread, so this actor's event loop never waits on it."""
+        with self._pipeline_lock:
+            pipeline, self.pipeline = self.pipeline, None
+        if isinstance(pipeline, CompiledPipeline):
+            await asyncio.to_thread(pipeline.teardown)
+
     def ping(self) -> bool:
         """False when the slot's compiled graph broke (its loop ended on some actor): remove the slot."""
         return not isinstance(self.pipeline, CompiledPipeline) or self.pipeline.alive()

@@ -315,6 +315,7 @@ class SessionScheduler:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.nodes.close()
+        await self.slots.settle()  # every removed slot's graph torn down, its actors and group gone
         await asyncio.to_thread(self.tele.tel.flush, 2.0)
 
     # ------------------------------------------------------------------------------ decisions (lock held)

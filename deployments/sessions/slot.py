@@ -130,7 +130,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         slot.room = ray.remote(RoomWorker).options(
             name=worker_name(slot_id, "room"), namespace=NAMESPACE, lifetime="detached",
             scheduling_strategy=slot.strategy(b),
-            num_cpus=cfg.topology.room_cpus / 2).remote(cfg)
+            num_cpus=cfg.topology.room_cpus / 2).remote(cfg, buffer_chunks=service.jitter_buffer_chunks)
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
         slot.device = devices[0]
@@ -177,6 +177,12 @@ async def _reserve_traced(spec: PlacementSpec, slot_id: str, name: str, node_id:
     return pg
 
 
+# Ray warns of any ray.get in an asyncio actor's process, whatever the thread: the compiled graph's own
+# monitor thread waits on its loops that way from the moment it is compiled. The SessionActor calls
+# nothing blocking on its event loop (blocking work runs in threads); this keeps Ray's guess out of the log.
+SESSION_ACTOR_ENV = {"RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}
+
+
 def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any:
     """The slot's SessionActor, in its room bundle (its process starts now, in the background); named
     and detached like the workers, so it streams on through a scheduler restart."""
@@ -185,6 +191,7 @@ def session_actor(slot: Slot, cfg: SessionConfig, service: ServiceConfig) -> Any
     return ray.remote(SessionActor).options(
         name=session_actor_name(slot.slot_id, uuid.uuid4().hex[:8]), namespace=NAMESPACE, lifetime="detached",
         num_cpus=cfg.topology.room_cpus / 2, scheduling_strategy=slot.strategy(slot.spec.bundle_of("room")),
+        runtime_env={"env_vars": SESSION_ACTOR_ENV},
     ).remote(cfg, service, slot.workers(service), slot_id=slot.slot_id)
 
 
@@ -212,6 +219,16 @@ async def ping_slot(slot: Slot, timeout_s: float = 5.0) -> bool:
     except (ray.exceptions.RayError, TimeoutError):
         return True
     return answers[-1] is not False
+
+
+async def retire_slot(slot: Slot, timeout_s: float) -> None:
+    """Remove a slot that may still hold a compiled graph: its driver tears the graph down first (at most
+    `timeout_s`; a dead or stuck driver is not waited for), then `destroy_slot`. Every actor's loop ends
+    before its peers die, so a slot that served its last session leaves nothing alarming in the log."""
+    if slot.driver is not None:
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            await asyncio.wait_for(asyncio.wrap_future(slot.driver.close.remote().future()), timeout_s)
+    destroy_slot(slot)
 
 
 def destroy_slot(slot: Slot, extra_actors: Iterable[Any] = ()) -> None:

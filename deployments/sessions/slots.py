@@ -29,7 +29,7 @@ from ray.exceptions import RayError
 
 from characters.config import SessionConfig
 from deployments.pipeline.graph import classify
-from deployments.sessions.slot import Slot, build_slot, destroy_slot, ping_slot, reset_slot
+from deployments.sessions.slot import Slot, build_slot, ping_slot, reset_slot, retire_slot
 from deployments.settings import ServiceConfig
 from deployments.telemetry import Admission, SchedulerTelemetry, SlotTrace
 from placement import Admit, Lease, SlotState, WarmPool
@@ -38,12 +38,14 @@ log = logging.getLogger(__name__)
 
 
 class SlotOps(Protocol):
-    """The Ray side of a slot's lifecycle (`RaySlotOps`); tests pass plain objects."""
+    """The Ray side of a slot's lifecycle (`RaySlotOps`); tests pass plain objects. `destroy` returns at
+    once (a graph's teardown may run on); `settle` waits until every destroyed slot is gone."""
 
     async def build(self, slot_id: str, node_id: str | None, trace_context: Mapping[str, str]) -> Slot: ...
     async def reset(self, slot: Slot, session_id: str) -> bool: ...
     async def ping(self, slot: Slot) -> bool: ...
     def destroy(self, slot: Slot) -> None: ...
+    async def settle(self) -> None: ...
 
 
 class RaySlotOps:
@@ -51,6 +53,7 @@ class RaySlotOps:
 
     def __init__(self, cfg: SessionConfig, service: ServiceConfig, *, owner: str, use_gpus: bool) -> None:
         self.cfg, self.service, self.owner, self.use_gpus = cfg, service, owner, use_gpus
+        self._retiring: set[asyncio.Task[None]] = set()
 
     async def build(self, slot_id: str, node_id: str | None, trace_context: Mapping[str, str]) -> Slot:
         return await build_slot(slot_id, self.cfg, self.service, use_gpus=self.use_gpus, node_id=node_id,
@@ -63,7 +66,14 @@ class RaySlotOps:
         return await ping_slot(slot)
 
     def destroy(self, slot: Slot) -> None:
-        destroy_slot(slot)
+        """Graph torn down by the driver first, then actors killed and the group removed (`retire_slot`), in
+        the background; the slot's bundle is already free in the ledger (its record is gone)."""
+        task = asyncio.get_running_loop().create_task(retire_slot(slot, self.service.teardown_timeout_s + 3.0))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def settle(self) -> None:
+        await asyncio.gather(*self._retiring, return_exceptions=True)
 
 
 @dataclass
@@ -197,6 +207,10 @@ class SlotManager:
             self.remove(slot_id)
 
     # ------------------------------------------------------------------------------ lifecycle (no lock)
+    async def settle(self) -> None:
+        """Wait until every slot removed so far is gone from the cluster (its teardown runs on after `remove`)."""
+        await self.ops.settle()
+
     async def reset(self, slot: Slot, session_id: str) -> bool:
         """Wipe the session's state from every worker of the slot; False when that failed."""
         return await self.ops.reset(slot, session_id)

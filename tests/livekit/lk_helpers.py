@@ -180,3 +180,35 @@ class Viewer:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.room.disconnect()
+
+
+def speech_heard(heard: np.ndarray, speech: np.ndarray, head_s: float = 1.0, frame_s: float = 0.01,
+                 ) -> tuple[float, float]:
+    """How much of `speech` (int16, SR) a viewer heard before it was cut off: (the end of the last voiced
+    10 ms frame of `speech` that `heard` carries, the start of the first voiced frame it does not), in seconds
+    from the start of `speech`. `heard` is everything the viewer received (int16, SR, idle silence around the
+    speech); the two are aligned on their energy envelopes over the first `head_s` of speech, which the
+    viewer must have heard (Opus changes samples, not the envelope)."""
+    n = int(SR * frame_s)
+
+    def envelope(x: np.ndarray) -> np.ndarray:
+        k = x.size // n
+        return np.sqrt(np.mean((x[: k * n].reshape(k, n).astype(np.float64) / 32768) ** 2, axis=1))
+
+    eh, es = envelope(heard), envelope(speech)
+    head = es[: int(head_s / frame_s)]
+    if eh.size < head.size:
+        raise AssertionError(f"the viewer heard {heard.size / SR:.2f} s, less than the {head_s} s head of the speech")
+    score = np.correlate(eh - eh.mean(), head - head.mean(), mode="valid")
+    lag = int(np.argmax(score))
+    voiced, loud = es > 0.01, eh > 0.004  # speech is ~0.05-0.2 RMS; the silence after a clear is ~0
+    heard_up_to, missing_from = 0, es.size
+    for i in np.flatnonzero(voiced):
+        if lag + i < eh.size and loud[lag + i]:
+            heard_up_to = i + 1
+        elif i >= heard_up_to:
+            later = [j for j in np.flatnonzero(voiced) if j >= i][:10]
+            if not any(lag + j < eh.size and loud[lag + j] for j in later):  # cut here, not a dropout
+                missing_from = int(i)
+                break
+    return heard_up_to * frame_s, missing_from * frame_s

@@ -382,7 +382,8 @@ def test_openapi_lists_endpoints_and_error_schema(server: Server) -> None:
     assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz",
                                  "/v1/realtime_sessions", "/v1/realtime_sessions/{session_id}", "/v1/avatars",
                                  "/v1/avatars/{avatar_id}", "/v1/sessions/{session_id}/audio", "/v1/watch/config",
-                                 "/v1/watch/sessions", "/v1/watch/token"}  # + the watch page's (deployments.api.watch)
+                                 "/v1/watch/sessions", "/v1/watch/token",
+                                 "/v1/livekit"}  # + the watch page's (deployments.api.watch)
     assert set(doc["paths"]["/v1/sessions"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/sessions/{session_id}"]) == {"get", "delete"}
     post = doc["paths"]["/v1/sessions"]["post"]

@@ -96,6 +96,8 @@ def test_serve_runs_until_sigint_then_frees_its_ports_and_starts_again_at_once(t
         assert get(f"http://127.0.0.1:{http_port}/healthz") == (200, {"status": "ok"})
         status, cap = get(f"http://127.0.0.1:{http_port}/v1/capacity")  # the real scheduler, tiny preset on CPU
         assert status == 200 and cap["bundlesTotal"] >= 1 and cap["sessionsRunning"] == 0, cap
+        assert cap["warmSlotsFree"] == 1, cap  # its own cluster keeps one slot warm, ready before it says so
+        assert "1 warm slot(s) ready in" in text
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             got = pb_grpc.CharactersStub(channel).GetCapacity(pb.GetCapacityRequest(), timeout=30)
             assert got.bundles_total == cap["bundlesTotal"]

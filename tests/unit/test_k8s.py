@@ -787,3 +787,25 @@ def test_reference_and_telemetry_invariants(rendered: dict[str, list[dict[str, A
     assert telemetry[0] == (
         "OTEL_EXPORTER_OTLP_ENDPOINT='http://otel-collector:9999' names no Service port in the manifests")
     assert telemetry[1].startswith("h100-8gpu: Prometheus annotations") and len(telemetry) == 2
+
+
+# ------------------------------------------------------------------------------------------- the collector
+
+
+def test_the_shipped_collector_config_validates_on_the_release_the_manifests_pin() -> None:
+    """tools/otelcol (the collector the telemetry test runs) is built from the release the manifests' image
+    pins, and the shipped config validates on it (every component it names exists, every field is known)."""
+    image = next(c["image"] for d in yaml.safe_load_all((K8S / "base" / "otel-collector.yaml").read_text())
+                 if d and d.get("kind") == "Deployment" for c in d["spec"]["template"]["spec"]["containers"])
+    release = re.fullmatch(r"otel/opentelemetry-collector-contrib:(\d+\.\d+)\.\d+", image)
+    assert release, image
+    gomod = (REPO / "tools" / "otelcol" / "go.mod").read_text()
+    pinned = set(re.findall(r"(?:go\.opentelemetry\.io/collector|opentelemetry-collector-contrib)/\S+ v0\.(\d+)\.\d+",
+                            gomod))
+    assert pinned == {release.group(1).split(".")[1]}, (image, pinned)
+    built = subprocess.run([str(REPO / "scripts" / "install_otelcol.sh")], capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    binary = built.stdout.strip().splitlines()[-1]
+    check = subprocess.run([binary, "validate", f"--config={K8S / 'base' / 'otel-collector-config.yaml'}"],
+                           capture_output=True, text=True, timeout=60, env={"TRACES_BACKEND_ENDPOINT": "tempo:4317"})
+    assert check.returncode == 0, check.stderr[-3000:]

@@ -46,6 +46,9 @@ class FakeOps:
     def destroy(self, slot: Slot) -> None:
         self.destroyed.append(slot.slot_id)
 
+    async def settle(self) -> None:
+        return None
+
 
 class Harness:
     def __init__(self, target: int = 0) -> None:

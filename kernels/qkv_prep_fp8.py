@@ -1,0 +1,315 @@
+"""Write-time KV-cache work for FP8 attention: `kernels.qkv_prep`'s norm + RoPE, with q, K and V stored in e4m3.
+
+The cache is written once in the form the FP8 attention kernel (`kernels.attention_fp8`) reads:
+
+    q  = rope(rms_norm(q_raw) * q_weight)   -> q8 = e4m3(q / q_scale), returned (B, Hh, T, Dh)
+    k  = rope(rms_norm(k_raw) * k_weight)   -> k8 = e4m3(k / k_scale)  into k_cache  (B, Hh, S, Dh)
+    v  = v_raw, per (token, head) row:         v_scale = amax(|v|) / 448 into v_scale (B, Hh, S)
+                                               v8 = e4m3(v / v_scale)   into vt_cache (B, Hh, Dh, S), TRANSPOSED
+    qk_scale <- [q_scale, k_scale]             (2,) float32, what attention multiplies its scores by
+
+q and k need no data-dependent scale: after RMSNorm a head vector's elements are at most sqrt(Dh) * max|w|
+(all of its energy in one element), and RoPE rotates pairs without changing their norm, so
+`scale = sqrt(Dh) * max|w| / 448` (from the norm weight alone) can never overflow, and e4m3 being a
+floating-point format, values far under that bound keep their 3 mantissa bits (they stay normal down to
+2^-6 of it, ~1/28700 of the bound). V has no norm, so each row gets its own scale. V is stored transposed
+(Dh before S): on Hopper the FP8 tensor-core GEMM P @ V wants its B operand K-major, i.e. contiguous along
+the keys.
+
+Norm and RoPE run in float32; the cast rounds to nearest even and saturates at +-448 (as torch's cast of a
+clamped value). `offset` is a Python int or an int64 device tensor (CUDA-graph replays writing different
+slots), as in `kernels.qkv_prep`; rows landing outside [0, S) are dropped by the kernel.
+
+Public API:
+    qk_scale_bound           the static scale of a normed, rotated head vector
+    qkv_prep_fp8_ref         the readable reference; the CPU path
+    qkv_prep_fp8_triton      one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
+    qkv_prep_fp8             dispatch
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from kernels._triton import (
+    HAS_TRITON,
+    check_triton_mode,
+    interpreter_enabled,
+    jit_for_current_mode,
+    next_power_of_2,
+    to_e4m3,
+)
+from kernels.fp8 import FP8, FP8_MAX
+from kernels.qkv_prep import QKVPrepBackend, rms_norm_ref, rope_ref
+
+if HAS_TRITON:
+    import triton.language as tl
+
+__all__ = ["qk_scale_bound", "qkv_prep_fp8", "qkv_prep_fp8_ref", "qkv_prep_fp8_triton"]
+
+_TINY = 1e-12
+
+
+def qk_scale_bound(weight: torch.Tensor) -> torch.Tensor:
+    """sqrt(Dh) * max|weight| / 448 as a () float32 tensor: no element of rope(rms_norm(x) * weight) exceeds
+    448 times it (see the module docstring). weight: (Dh,)."""
+    return weight.float().abs().amax() * (math.sqrt(weight.shape[0]) / FP8_MAX)
+
+
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def qkv_prep_fp8_ref(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    vt_cache: torch.Tensor,
+    v_scale: torch.Tensor,
+    qk_scale: torch.Tensor,
+    offset: int | torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference: see the module docstring. Returns q8 (B, Hh, T, Dh) e4m3 (`out` if given: any (B, Hh, T, Dh)
+    e4m3 tensor with a contiguous last dim, e.g. the transposed view of a token-major buffer)."""
+    b, t, hh, dh, _ = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out)
+    q_raw, k_raw, v_raw = qkv.unbind(2)  # (B, T, Hh, Dh) each
+    q = rope_ref(rms_norm_ref(q_raw, q_weight, eps, torch.float32), cos, sin, torch.float32)  # (B, T, Hh, Dh)
+    k = rope_ref(rms_norm_ref(k_raw, k_weight, eps, torch.float32), cos, sin, torch.float32)
+    sq, sk = qk_scale_bound(q_weight), qk_scale_bound(k_weight)
+    qk_scale.copy_(torch.stack([sq, sk]))
+    if out is None:
+        out = torch.empty((b, hh, t, dh), dtype=FP8, device=qkv.device)
+    out.copy_(_e4m3(q / sq).transpose(1, 2))  # (B, Hh, T, Dh)
+    vf = v_raw.float()
+    sv = vf.abs().amax(dim=-1).clamp_min(_TINY) / FP8_MAX  # (B, T, Hh)
+    v8 = _e4m3(vf / sv[..., None])  # (B, T, Hh, Dh)
+    idx = (offset.reshape(()) if isinstance(offset, torch.Tensor) else offset) + torch.arange(t, device=qkv.device)
+    # fp8 tensors are copied as bytes (index_copy_ has no float8 kernel on every device)
+    k_cache.view(torch.uint8).index_copy_(2, idx, _e4m3(k / sk).transpose(1, 2).contiguous().view(torch.uint8))
+    vt_cache.view(torch.uint8).index_copy_(3, idx, v8.permute(0, 2, 3, 1).contiguous().view(torch.uint8))
+    v_scale.index_copy_(2, idx, sv.transpose(1, 2).contiguous())  # (B, Hh, T)
+    return out
+
+
+def _qkv_prep_fp8_kernel(
+    qkv_ptr,  # (B, T, 3, Hh, Dh), strides (s_qkv_b, s_qkv_t, s_qkv_c, s_qkv_h, 1)
+    q_weight_ptr,  # (Dh,)
+    k_weight_ptr,  # (Dh,)
+    cos_ptr,  # (T, Dh/2) float32, strides (s_rope_t, 1)
+    sin_ptr,
+    q_out_ptr,  # (B, Hh, T, Dh) e4m3, strides (s_qo_b, s_qo_h, s_qo_t, 1)
+    k_cache_ptr,  # (B, Hh, S, Dh) e4m3, strides (s_kc_b, s_kc_h, s_kc_s, 1)
+    vt_cache_ptr,  # (B, Hh, Dh, S) e4m3, strides (s_vc_b, s_vc_h, s_vc_d, 1)
+    v_scale_ptr,  # (B, Hh, S) float32, strides (s_vs_b, s_vs_h, 1)
+    qk_scale_ptr,  # (2,) float32
+    offset_ptr,
+    offset_value,
+    T,
+    S,
+    s_qkv_b, s_qkv_t, s_qkv_c, s_qkv_h,
+    s_rope_t,
+    s_qo_b, s_qo_h, s_qo_t,
+    s_kc_b, s_kc_h, s_kc_s,
+    s_vc_b, s_vc_h, s_vc_d,
+    s_vs_b, s_vs_h,
+    eps,
+    bound,  # sqrt(Dh) / 448
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # next power of two >= HEAD_DIM
+    BLOCK_T: tl.constexpr,
+    OFFSET_FROM_PTR: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """One program: BLOCK_T consecutive tokens of one head of one batch (grid: T blocks, Hh, B). Tokens are
+    the tile's first axis, so the transposed V store is contiguous along them."""
+    HALF: tl.constexpr = BLOCK_D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    t_ok = t < T
+    d = tl.arange(0, BLOCK_D)  # (BLOCK_D,): lanes past Dh load zeros and store nothing
+    d_ok = d < HEAD_DIM
+    mask = t_ok[:, None] & d_ok[None, :]  # (BLOCK_T, BLOCK_D)
+
+    src = qkv_ptr + b * s_qkv_b + h * s_qkv_h + t.to(tl.int64)[:, None] * s_qkv_t + d[None, :]  # (BLOCK_T, Dh)
+    xq = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    xk = tl.load(src + s_qkv_c, mask=mask, other=0.0).to(tl.float32)
+    xv = tl.load(src + 2 * s_qkv_c, mask=mask, other=0.0).to(tl.float32)
+
+    wq = tl.load(q_weight_ptr + d, mask=d_ok, other=0.0).to(tl.float32)  # (BLOCK_D,)
+    wk = tl.load(k_weight_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+    sq = tl.max(tl.abs(wq), axis=0) * bound  # the static bounds (module docstring)
+    sk = tl.max(tl.abs(wk), axis=0) * bound
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+    tl.store(qk_scale_ptr, sq, mask=first)
+    tl.store(qk_scale_ptr + 1, sk, mask=first)
+
+    xq = xq * tl.rsqrt(tl.sum(xq * xq, axis=1) / HEAD_DIM + eps)[:, None] * wq[None, :]
+    xk = xk * tl.rsqrt(tl.sum(xk * xk, axis=1) / HEAD_DIM + eps)[:, None] * wk[None, :]
+    i = tl.arange(0, HALF)
+    rope_off = t[:, None] * s_rope_t + i[None, :]  # (BLOCK_T, Dh/2)
+    rope_mask = t_ok[:, None] & (i < HEAD_DIM // 2)[None, :]
+    c = tl.load(cos_ptr + rope_off, mask=rope_mask, other=0.0)
+    s = tl.load(sin_ptr + rope_off, mask=rope_mask, other=0.0)
+    qe, qo = tl.split(tl.reshape(xq, (BLOCK_T, HALF, 2)))
+    ke, ko = tl.split(tl.reshape(xk, (BLOCK_T, HALF, 2)))
+    yq = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), (BLOCK_T, BLOCK_D))
+    yk = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), (BLOCK_T, BLOCK_D))
+
+    q_dst = q_out_ptr + b * s_qo_b + h * s_qo_h + t.to(tl.int64)[:, None] * s_qo_t + d[None, :]
+    tl.store(q_dst, to_e4m3(yq / sq, INTERPRET), mask=mask)
+
+    if OFFSET_FROM_PTR:  # noqa: SIM108 (a compile-time branch)
+        off = tl.load(offset_ptr)
+    else:
+        off = offset_value
+    pos = (off + t).to(tl.int64)  # (BLOCK_T,)
+    ok = t_ok & (pos >= 0) & (pos < S)
+    k_dst = k_cache_ptr + b * s_kc_b + h * s_kc_h + pos[:, None] * s_kc_s + d[None, :]
+    tl.store(k_dst, to_e4m3(yk / sk, INTERPRET), mask=ok[:, None] & d_ok[None, :])
+
+    sv = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-12) / 448.0  # (BLOCK_T,) per (token, head)
+    v_dst = vt_cache_ptr + b * s_vc_b + h * s_vc_h + d[None, :] * s_vc_d + pos[:, None]  # (BLOCK_T, Dh), transposed
+    tl.store(v_dst, to_e4m3(xv / sv[:, None], INTERPRET), mask=ok[:, None] & d_ok[None, :])
+    tl.store(v_scale_ptr + b * s_vs_b + h * s_vs_h + pos, sv, mask=ok)
+
+
+def qkv_prep_fp8_triton(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    vt_cache: torch.Tensor,
+    v_scale: torch.Tensor,
+    qk_scale: torch.Tensor,
+    offset: int | torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+    block_t: int = 32,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """`qkv_prep_fp8_ref` in one Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    b, t, hh, dh, s = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out)
+    check_triton_mode("qkv_prep_fp8_triton")
+    if qkv.device.type != "cuda" and not interpreter_enabled():
+        raise ValueError(f"qkv_prep_fp8_triton: tensors are on {qkv.device}; the Triton kernel needs CUDA tensors, "
+                         "or TRITON_INTERPRET=1 for CPU tensors; use backend='torch' on CPU")
+    if block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"qkv_prep_fp8_triton: block_t={block_t} must be a power of two >= 1")
+    if out is None:
+        out = torch.empty((b, hh, t, dh), dtype=FP8, device=qkv.device)
+    from_ptr = isinstance(offset, torch.Tensor)
+    offset_ptr = offset if isinstance(offset, torch.Tensor) else qkv
+    offset_value = 0 if isinstance(offset, torch.Tensor) else offset
+    kernel = jit_for_current_mode(_qkv_prep_fp8_kernel, do_not_specialize=["offset_value"])
+    grid = (-(-t // block_t), hh, b)
+    guard = torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext()
+    with guard:
+        kernel[grid](
+            qkv, q_weight, k_weight, cos, sin, out, k_cache, vt_cache, v_scale, qk_scale, offset_ptr, offset_value,
+            t, s,
+            qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3),
+            cos.stride(0),
+            out.stride(0), out.stride(1), out.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2),
+            v_scale.stride(0), v_scale.stride(1),
+            float(eps), math.sqrt(dh) / FP8_MAX,
+            HEAD_DIM=dh, BLOCK_D=next_power_of_2(dh), BLOCK_T=block_t, OFFSET_FROM_PTR=from_ptr,
+            INTERPRET=interpreter_enabled(), num_warps=num_warps,
+        )  # fmt: skip
+    return out
+
+
+def qkv_prep_fp8(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    vt_cache: torch.Tensor,
+    v_scale: torch.Tensor,
+    qk_scale: torch.Tensor,
+    offset: int | torch.Tensor,
+    eps: float,
+    backend: QKVPrepBackend = "auto",
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The FP8 cache write; "auto" = Triton on CUDA (when installed), the reference elsewhere."""
+    if backend == "auto":
+        backend = "triton" if qkv.is_cuda and HAS_TRITON else "torch"
+    args = (qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, eps)
+    if backend == "triton":
+        return qkv_prep_fp8_triton(*args, out=out)
+    if backend == "torch":
+        return qkv_prep_fp8_ref(*args, out=out)
+    raise ValueError(f"qkv_prep_fp8: backend={backend!r} is not one of 'auto', 'triton', 'torch'")
+
+
+def _check(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           k_cache: torch.Tensor, vt_cache: torch.Tensor, v_scale: torch.Tensor, qk_scale: torch.Tensor,
+           offset: int | torch.Tensor, out: torch.Tensor | None) -> tuple[int, int, int, int, int]:
+    """Validate; return (B, T, Hh, Dh, S). ValueError naming the argument, its value and the fix."""
+
+    def fail(msg: str) -> ValueError:
+        return ValueError(f"qkv_prep_fp8: {msg}")
+
+    if qkv.ndim != 5 or qkv.shape[2] != 3:
+        raise fail(f"qkv has shape {tuple(qkv.shape)}; expected (B, T, 3, Hh, Dh)")
+    b, t, _, hh, dh = qkv.shape
+    if qkv.dtype not in (torch.float32, torch.bfloat16, torch.float16) or qkv.stride(-1) != 1:
+        raise fail(f"qkv has dtype {qkv.dtype}, strides {qkv.stride()}; expected float32/bfloat16/float16 with "
+                   "a contiguous last dim")
+    if dh % 2 or dh > 256:
+        raise fail(f"head dim Dh={dh} must be even and <= 256")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.shape != (dh,) or w.stride(0) != 1:
+            raise fail(f"{name} has shape {tuple(w.shape)}; expected a contiguous ({dh},) = (Dh,)")
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.shape != (t, dh // 2) or table.dtype != torch.float32 or table.stride(-1) != 1:
+            raise fail(f"{name} has shape {tuple(table.shape)}, dtype {table.dtype}; expected float32 "
+                       f"({t}, {dh // 2}) = (T, Dh/2) with a contiguous last dim")
+    if cos.stride() != sin.stride():
+        raise fail(f"cos strides {cos.stride()} differ from sin strides {sin.stride()}; make both contiguous")
+    if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hh) or k_cache.shape[3] != dh or k_cache.dtype != FP8:
+        raise fail(f"k_cache is {k_cache.dtype} {tuple(k_cache.shape)}; expected {FP8} ({b}, {hh}, S, {dh})")
+    s = k_cache.shape[2]
+    if vt_cache.shape != (b, hh, dh, s) or vt_cache.dtype != FP8:
+        raise fail(f"vt_cache is {vt_cache.dtype} {tuple(vt_cache.shape)}; expected {FP8} ({b}, {hh}, {dh}, {s}) "
+                   "= (B, Hh, Dh, S), V transposed")
+    if v_scale.shape != (b, hh, s) or v_scale.dtype != torch.float32 or v_scale.stride(-1) != 1:
+        raise fail(f"v_scale is {v_scale.dtype} {tuple(v_scale.shape)}; expected float32 ({b}, {hh}, {s})")
+    if qk_scale.shape != (2,) or qk_scale.dtype != torch.float32:
+        raise fail(f"qk_scale is {qk_scale.dtype} {tuple(qk_scale.shape)}; expected float32 (2,)")
+    if k_cache.stride(-1) != 1 or vt_cache.stride(-1) != 1:
+        raise fail(f"k_cache strides {k_cache.stride()} / vt_cache strides {vt_cache.stride()}: the last dim must "
+                   "be contiguous")
+    if out is not None and (out.shape != (b, hh, t, dh) or out.dtype != FP8 or out.stride(-1) != 1):
+        raise fail(f"out is {out.dtype} {tuple(out.shape)}; expected {FP8} ({b}, {hh}, {t}, {dh}) with a "
+                   "contiguous last dim")
+    tensors = [q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale] + ([out] if out is not None else [])
+    if isinstance(offset, torch.Tensor):
+        tensors.append(offset)
+        if offset.dtype != torch.int64 or offset.shape not in ((), (1,)):
+            raise fail(f"offset tensor has dtype {offset.dtype}, shape {tuple(offset.shape)}; "
+                       "expected int64 () or (1,)")
+    elif isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= s - t:
+        raise fail(f"offset={offset!r} with T={t} must be an int in [0, {s - t}] (S={s}) or an int64 tensor")
+    for x in tensors:
+        if x.device != qkv.device:
+            raise fail(f"a tensor is on {x.device} but qkv is on {qkv.device}; put all tensors on one device")
+    return b, t, hh, dh, s

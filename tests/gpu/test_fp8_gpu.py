@@ -1,0 +1,157 @@
+"""FP8 on a CUDA GPU with FP8 tensor cores (the H200): the scaled GEMM, the quantising compiled elementwise steps,
+the FP8 cache write and attention kernels against their references at the 57b rank's shapes, and the FP8 engine
+(graph replay equals eager; no error growth along 100 chunks against bf16). `pytest -m gpu tests/gpu`.
+
+Nothing here touches CUDA at import or collection time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from characters.config import session_config
+from characters.dit import ElementwiseOps
+from characters.engine import DiTRunner
+from kernels.attention_fp8 import attention_fp8_ref, attention_fp8_triton
+from kernels.fp8 import FP8, dequantize_rows, fp8_linear, fp8_linear_ref, quantize_rows_ref, quantize_weight
+from kernels.qkv_prep_fp8 import qkv_prep_fp8_ref, qkv_prep_fp8_triton
+from kernels.testing import make_qkv_prep_inputs, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize(("m", "k", "n", "bias"), [(2992, 9216, 6912, True), (2992, 2304, 9216, False),
+                                                    (187, 192, 768, True), (17, 64, 48, True)])
+def test_scaled_mm_matches_reference(m: int, k: int, n: int, bias: bool) -> None:
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    x = quantize_rows_ref(torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16))
+    w8, sw = quantize_weight(torch.randn(n, k, device="cuda", generator=g) / k**0.5)
+    b = torch.randn(n, device="cuda", generator=g, dtype=torch.bfloat16) if bias else None
+    y = fp8_linear(x.data, x.scale, w8, sw, b)
+    ref = fp8_linear_ref(x.data, x.scale, w8, sw, b, torch.float32)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    assert rel_err(y, ref) < 1e-2  # the same quantised operands: only accumulation and the bf16 output differ
+
+
+def test_scaled_mm_replays_in_a_graph() -> None:
+    x = quantize_rows_ref(torch.randn(64, 256, device="cuda"))
+    w8, sw = quantize_weight(torch.randn(128, 256, device="cuda"))
+    out = fp8_linear(x.data, x.scale, w8, sw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_linear(x.data, x.scale, w8, sw)
+    x.data.copy_(quantize_rows_ref(torch.randn(64, 256, device="cuda")).data)
+    graph.replay()
+    assert not torch.equal(captured, out)
+    assert rel_err(captured, fp8_linear_ref(x.data, x.scale, w8, sw, None, torch.float32)) < 1e-2
+
+
+def test_compiled_quantising_steps_match_plain() -> None:
+    fused, plain = ElementwiseOps(True, fp8=True), ElementwiseOps(False, fp8=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, 748, 9216, device="cuda", generator=g, dtype=torch.bfloat16)
+    shift, scale = (0.1 * torch.randn(1, 1, 9216, device="cuda", generator=g, dtype=torch.bfloat16) for _ in "ab")
+    a, b = fused.modulate(x, shift, scale, 1e-6), plain.modulate(x, shift, scale, 1e-6)
+    assert a.data.dtype == FP8 and a.scale.shape == (1, 748, 1)
+    assert rel_err(dequantize_rows(a), dequantize_rows(b)) < 2e-2
+    y = torch.randn(1, 2992, 6144, device="cuda", generator=g, dtype=torch.bfloat16)
+    assert rel_err(dequantize_rows(fused.gelu(y)), dequantize_rows(plain.gelu(y))) < 2e-2
+
+
+def _fp8_cache(b: int, hh: int, s: int, dh: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    k8 = torch.randn(b, hh, s, dh, device="cuda", generator=g).to(FP8)
+    vt8 = torch.randn(b, hh, dh, s, device="cuda", generator=g).to(FP8)
+    return k8, vt8, torch.rand(b, hh, s, device="cuda", generator=g) + 0.01, torch.zeros(2, device="cuda")
+
+
+@pytest.mark.parametrize(("t", "hh", "s", "offset"), [(2992, 18, 14960, 11968), (2992, 24, 14960, 2992),
+                                                      (187, 4, 935, 374)])
+def test_qkv_prep_fp8_kernel_matches_reference(t: int, hh: int, s: int, offset: int) -> None:
+    inp = make_qkv_prep_inputs(1, t, hh, 128 if hh > 4 else 64, s, torch.bfloat16, device="cuda", pad=8,
+                               generator=torch.Generator(device="cuda").manual_seed(t))
+    args = (inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin)
+    dh = inp.qkv.shape[-1]
+    got, ref = _fp8_cache(1, hh, s, dh), _fp8_cache(1, hh, s, dh)
+    q = qkv_prep_fp8_triton(*args, *got, torch.tensor(offset, device="cuda"), 1e-6)
+    q_ref = qkv_prep_fp8_ref(*args, *ref, offset, 1e-6)
+    torch.testing.assert_close(got[3], ref[3])  # the static q / k scales
+    assert rel_err(q.float(), q_ref.float()) < 1e-2  # GPU rsqrt / division: a rounding flip here and there
+    end = offset + t
+    assert rel_err(got[0][:, :, offset:end].float(), ref[0][:, :, offset:end].float()) < 1e-2
+    assert rel_err(got[1][..., offset:end].float() * got[2][:, :, None, offset:end],
+                   ref[1][..., offset:end].float() * ref[2][:, :, None, offset:end]) < 1e-2
+    for i in (0, 1):  # outside the written slots: untouched
+        other = torch.ones(s, dtype=torch.bool, device="cuda")
+        other[offset:end] = False
+        sl = (slice(None), slice(None), other) if i == 0 else (slice(None), slice(None), slice(None), other)
+        assert torch.equal(got[i][sl].view(torch.uint8), ref[i][sl].view(torch.uint8))
+
+
+def _attention_inputs(hh: int, tq: int, s: int, dh: int = 128) -> tuple[torch.Tensor, ...]:
+    inp = make_qkv_prep_inputs(1, tq, hh, dh, s, torch.bfloat16, device="cuda",
+                               generator=torch.Generator(device="cuda").manual_seed(hh))
+    k8, vt8, vs, qks = _fp8_cache(1, hh, s, dh)
+    q8 = qkv_prep_fp8_ref(inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin, k8, vt8, vs, qks, s - tq, 1e-6)
+    return q8, k8, vt8, vs, qks
+
+
+@pytest.mark.parametrize(("hh", "tq", "s"), [(18, 2992, 14960), (24, 2992, 8976), (4, 187, 935), (2, 100, 128)])
+def test_attention_fp8_kernel_matches_reference(hh: int, tq: int, s: int) -> None:
+    q8, k8, vt8, vs, qks = _attention_inputs(hh, tq, s)
+    out = torch.full((1, tq, hh, 128), float("nan"), device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    got = attention_fp8_triton(q8, k8, vt8, vs, qks, out=out)
+    assert got is out and not out.isnan().any()
+    heads = slice(0, min(hh, 4))
+    ref = attention_fp8_ref(q8[:, heads], k8[:, heads], vt8[:, heads], vs[:, heads], qks, torch.float32)
+    assert rel_err(out[:, heads], ref) < 4e-2  # P in e4m3: ~2.5% on random data, where every key counts alike
+    if s % 16 == 0:  # K and V^T by TMA descriptors: the same arithmetic
+        assert rel_err(attention_fp8_triton(q8, k8, vt8, vs, qks, tma=True), attention_fp8_triton(
+            q8, k8, vt8, vs, qks, tma=False)) < 1e-3
+
+
+def test_attention_fp8_kernel_is_exact_where_p_is_representable() -> None:
+    """q = 0: every key weighs the same (p = 1) and with equal V scales P's e4m3 cast is exact, so the kernel
+    must equal the reference up to the FP8 tensor cores' accumulation (1e-3 where P rounding alone costs 2.5%):
+    this checks the V path, the scales, the mask and the sums."""
+    q8, k8, vt8, vs, qks = _attention_inputs(3, 200, 1000)
+    q8.view(torch.uint8).zero_()
+    vs.fill_(0.37)
+    out = attention_fp8_triton(q8, k8, vt8, vs, qks, torch.float32)
+    assert rel_err(out, attention_fp8_ref(q8, k8, vt8, vs, qks, torch.float32)) < 1e-3
+
+
+def _tiny(precision: str, attention: str) -> DiTRunner:
+    cfg = session_config("tiny", "gpu1", seed=2, dtype="bfloat16", weights="random",
+                         model={"precision": precision, "attention_precision": attention})
+    return DiTRunner(cfg, device="cuda")
+
+
+def _session(runner: DiTRunner, graphs: bool, chunks: int) -> list[torch.Tensor]:
+    if graphs:
+        runner.capture_graphs()
+    h, w = runner.cfg.model.latent_hw
+    ref = torch.randn(1, runner.cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(1))
+    runner.start(ref.cuda(), seed=5)
+    rng = np.random.default_rng(0)
+    return [runner.step(rng.uniform(-0.5, 0.5, runner.frontend.expected_samples).astype(np.float32))
+            for _ in range(chunks)]
+
+
+@pytest.mark.parametrize("attention", ["bf16", "fp8"])
+def test_fp8_graph_replay_equals_eager(attention: str) -> None:
+    eager = _session(_tiny("fp8", attention), graphs=False, chunks=6)
+    graphed = _session(_tiny("fp8", attention), graphs=True, chunks=6)
+    for a, b in zip(eager, graphed, strict=True):
+        assert rel_err(b, a) < 2e-2
+
+
+@pytest.mark.parametrize("attention", ["bf16", "fp8"])
+def test_fp8_error_does_not_grow_along_the_cache(attention: str) -> None:
+    base = _session(_tiny("bf16", "bf16"), graphs=True, chunks=100)
+    fp8 = _session(_tiny("fp8", attention), graphs=True, chunks=100)
+    errs = np.array([rel_err(b, a) for a, b in zip(base, fp8, strict=True)])
+    assert errs.max() < 0.2, errs
+    assert errs[75:].mean() < 1.5 * errs[:25].mean() + 1e-3, errs  # carried through the cache, it would grow
