@@ -540,6 +540,7 @@ class SessionScheduler:
         for change in changes:
             slots, sessions = self.slots.on_node(change.node_id), 0
             if change.kind == "lost":
+                self.slots.node_lost(change.node_id)
                 for sess in self.book.live():
                     if sess.lease is not None and sess.lease.slot_id in slots:
                         sessions += 1

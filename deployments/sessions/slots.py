@@ -29,7 +29,7 @@ from ray.exceptions import RayError
 
 from characters.config import SessionConfig
 from deployments.pipeline.graph import classify
-from deployments.sessions.slot import Slot, build_slot, ping_slot, reset_slot, retire_slot
+from deployments.sessions.slot import Slot, build_slot, destroy_slot, ping_slot, reset_slot, retire_slot
 from deployments.settings import ServiceConfig
 from deployments.telemetry import Admission, SchedulerTelemetry, SlotTrace
 from placement import Admit, Lease, SlotState, WarmPool
@@ -39,12 +39,13 @@ log = logging.getLogger(__name__)
 
 class SlotOps(Protocol):
     """The Ray side of a slot's lifecycle (`RaySlotOps`); tests pass plain objects. `destroy` returns at
-    once (a graph's teardown may run on); `settle` waits until every destroyed slot is gone."""
+    once (a graph's teardown may run on; `graceful=False`: none, the slot's node is gone); `settle` waits
+    until every destroyed slot is gone."""
 
     async def build(self, slot_id: str, node_id: str | None, trace_context: Mapping[str, str]) -> Slot: ...
     async def reset(self, slot: Slot, session_id: str) -> bool: ...
     async def ping(self, slot: Slot) -> bool: ...
-    def destroy(self, slot: Slot) -> None: ...
+    def destroy(self, slot: Slot, graceful: bool = True) -> None: ...
     async def settle(self) -> None: ...
 
 
@@ -65,9 +66,13 @@ class RaySlotOps:
     async def ping(self, slot: Slot) -> bool:
         return await ping_slot(slot)
 
-    def destroy(self, slot: Slot) -> None:
+    def destroy(self, slot: Slot, graceful: bool = True) -> None:
         """Graph torn down by the driver first, then actors killed and the group removed (`retire_slot`), in
-        the background; the slot's bundle is already free in the ledger (its record is gone)."""
+        the background; the slot's bundle is already free in the ledger (its record is gone). Not graceful
+        (its node is lost): the group is removed at once, before Ray could place it again elsewhere."""
+        if not graceful:
+            destroy_slot(slot)
+            return
         task = asyncio.get_running_loop().create_task(retire_slot(slot, self.service.teardown_timeout_s + 3.0))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
@@ -94,6 +99,7 @@ class SlotManager:
         self.ops, self.demand, self.lock, self.tele = ops, demand, lock, tele
         self.spawn, self.on_built = spawn, on_built
         self.records: dict[str, SlotRecord] = {}
+        self.lost: set[str] = set()  # nodes lost with slots on them (`node_lost`)
         self.pool = WarmPool(target)
 
     # ------------------------------------------------------------------------------ queries (lock held)
@@ -162,10 +168,10 @@ class SlotManager:
             self.remove(slot_id)
 
     def remove(self, slot_id: str) -> None:
-        """Kill the slot's actors, remove its placement group, forget it."""
+        """Kill the slot's actors, remove its placement group, forget it (at once when its node is lost)."""
         rec = self.records.pop(slot_id, None)
         if rec is not None and rec.slot is not None:
-            self.ops.destroy(rec.slot)
+            self.ops.destroy(rec.slot, graceful=rec.admit.node_id not in self.lost)
         if self.pool.state(slot_id) == "draining":
             self.pool.forget(slot_id)
 
@@ -181,6 +187,11 @@ class SlotManager:
     def deficit(self) -> int:
         """Slots to start to reach the warm target."""
         return self.pool.deficit()
+
+    def node_lost(self, node_id: str) -> None:
+        """`node_id` is gone: its slots, removed from now on, are destroyed at once, without a graceful
+        teardown that would wait on its dead actors (and let Ray place their group again elsewhere)."""
+        self.lost = {n for n in self.lost if any(r.admit.node_id == n for r in self.records.values())} | {node_id}
 
     def drop_lost_nodes(self, alive: Iterable[str]) -> list[str]:
         """Slots on nodes not in `alive` (lost, or draining): free and warming ones are removed now (their ids

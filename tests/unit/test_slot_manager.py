@@ -22,6 +22,7 @@ class FakeOps:
     def __init__(self) -> None:
         self.built: list[str] = []
         self.destroyed: list[str] = []
+        self.abrupt: list[str] = []  # destroyed without a graceful teardown (their node is lost)
         self.resets: list[tuple[str, str]] = []
         self.broken = False
         self.dead: set[str] = set()
@@ -43,8 +44,10 @@ class FakeOps:
     async def ping(self, slot: Slot) -> bool:
         return slot.slot_id not in self.dead
 
-    def destroy(self, slot: Slot) -> None:
+    def destroy(self, slot: Slot, graceful: bool = True) -> None:
         self.destroyed.append(slot.slot_id)
+        if not graceful:
+            self.abrupt.append(slot.slot_id)
 
     async def settle(self) -> None:
         return None
@@ -164,6 +167,23 @@ def test_a_draining_node_keeps_its_running_session_but_no_slot_returns_to_the_po
         assert h.ops.destroyed == [idle_id, busy_id] and h.slots.on_node("node-d") == set()
         assert h.slots.acquire() is not None and h.slots.acquire() is None  # only node-a's slot is handed out
         assert h.slots.used() == {"node-a": [DEMAND]} and other_id in h.slots
+        assert h.ops.abrupt == []  # a draining node's slots are torn down gracefully
+    run(go())
+
+
+def test_the_slots_of_a_lost_node_are_destroyed_at_once_without_a_graceful_teardown():
+    async def go() -> None:
+        h = Harness()
+        leased_id, free_id, kept_id = h.slots.add("node-b"), h.slots.add("node-b"), h.slots.add("node-a")
+        await h.settle()
+        lease = h.slots.acquire()
+        assert lease is not None and lease.slot_id == leased_id
+        h.slots.node_lost("node-b")
+        h.slots.drop_lost_nodes(["node-a"])
+        h.slots.release(lease, healthy=False)  # its session failed with the node
+        assert sorted(h.ops.abrupt) == sorted([leased_id, free_id]) and kept_id in h.slots
+        h.slots.node_lost("node-c")  # a node with nothing on it: node-b, now empty, is forgotten
+        assert h.slots.lost == {"node-c"}
     run(go())
 
 
