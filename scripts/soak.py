@@ -212,8 +212,8 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
         target = ax1 if name.endswith(("/raylet", "/gcs")) or name in ("driver", "scheduler") else ax
         target.plot(ts, [y - y0 for y in ys], label=f"{name} ({y0:.0f} MB at start)")
     ax.set_title(title)
-    ax.set_ylabel("slot processes: MB since first sample")
-    ax1.set_ylabel("Ray, driver, scheduler: MB")
+    ax.set_ylabel("slot processes:\nMB since first sample")
+    ax1.set_ylabel("Ray, driver, scheduler:\nMB since first sample")
     for a in (ax, ax1):
         a.grid(alpha=0.3)
         a.legend(fontsize=7, ncol=2)
