@@ -6,10 +6,12 @@
                 and the warm pool's books
     slot        one slot's Ray side: reserve its placement group, create and warm its workers, reset, ping
     ledger      what a restarted scheduler finds on the cluster and adopts
+    membership  the nodes as the scheduler sees them: live, draining or lost (the GCS's table, its own probes)
     actor       SessionActor: the slot's driver, starts its sessions one after another
     runner      SessionRunner and the plain classes of one session's chunk loop (audio, stats, outcome)
     recovery    resuming a session on a fresh bundle
-    cluster     a local Ray cluster on loopback (CLI, tests, benchmarks)
+    cluster     local Ray clusters on loopback: one node (CLI, tests, benchmarks), or a head and worker nodes
+                (`LoopbackCluster`: multi-node tests, the soak)
 
 May import `deployments.pipeline`, `telemetry`, `settings`, `types`, `placement`, `characters`; never `api`.
 """

@@ -3,19 +3,22 @@ and worker nodes with logical GPUs, each a real raylet in a process group of its
 and stopped here (nothing of it left running). Sessions of the cut-down tiny preset on a topology of one DiT
 GPU and one decoder GPU per bundle (plus the room's CPU: three bundles, STRICT_PACK), CPU transport.
 
-The tests run in order on one cluster and one scheduler (issue 22):
+The tests run in order on one cluster and one scheduler (issue 22), which keeps 5 slots warm:
 
-1. placement: every bundle on one node, nodes filled best-fit as `placement.best_fit` says, and a bundle that
-   fits no single node queued (then refused) with its reason while the cluster's free GPUs add up to it;
-   a node joins: the queued session is admitted within seconds, and the autoscaler's view (the GCS's
-   cluster resource constraint, what KubeRay's autoscaler v2 reads) loses its unmet bundle;
+1. placement: with no GPU node, sessions queue (then are refused) with their reason; nodes join one after
+   another and each takes the queued sessions it can hold within 3 s of registering, every bundle on one
+   node, nodes filled best-fit as `placement.best_fit` says; a bundle that fits no single node stays
+   queued with its reason while the cluster's free GPUs add up to it, until a third node joins; the
+   autoscaler's view (the GCS's cluster resource constraint, what KubeRay's autoscaler v2 reads, and
+   `ray status`) loses its unmet bundles;
 2. node loss: a worker node's raylet process group is killed mid-session: its plain session FAILED
-   `node_lost: ...` within 2 s, its `recover` session resumes on another node (the viewer's gap measured),
-   the sessions on other nodes keep 24 fps, the scheduler answers throughout, and no slot, placement group,
-   actor or GPU of the lost node is left booked;
+   `node_lost: ...` within 2 s, its `recover` session resumes on the warm spare of another node (the
+   viewer's gap measured), the sessions on other nodes keep their pace (24 fps, or the pace they had just
+   before the kill where other jobs on these 2 cores already held them below it), the scheduler answers
+   throughout, and no slot, placement group, actor or GPU of the lost node is left booked;
 3. the scheduler's node dies: Ray starts it again elsewhere, it adopts the surviving sessions and books no
    bundle twice;
-4. a node drains (`ray drain-node`, as KubeRay's autoscaler and a spot notice do): its sessions run on, no
+4. a node drains (`ray drain-node`, as KubeRay's autoscaler does to an idle node): its sessions run on, no
    new session is placed there, and a slot freed there is removed, not returned to the pool.
 """
 
