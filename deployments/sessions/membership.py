@@ -73,7 +73,7 @@ class _Node:
 class Membership:
     """The nodes of the cluster and their states (see the module docstring)."""
 
-    def __init__(self, failures: int = 2, silent_s: float = 5.0) -> None:
+    def __init__(self, failures: int = 2, silent_s: float = 10.0) -> None:
         if failures < 1 or silent_s <= 0:
             raise ValueError(f"failures={failures} must be >= 1 (refused probes in a row that make a node lost) and "
                              f"silent_s={silent_s} > 0 (seconds without an answer that do)")
@@ -192,7 +192,7 @@ class NodeWatch:
     nodes holding slots probed every `probe_s`; `poll` returns what changed since the last call."""
 
     def __init__(self, table: Callable[[], Table], probe: Callable[[str], Awaitable[Answer]], *,
-                 refresh_s: float = 1.0, probe_s: float = 0.5, failures: int = 2, silent_s: float = 5.0,
+                 refresh_s: float = 1.0, probe_s: float = 0.5, failures: int = 2, silent_s: float = 10.0,
                  forget: Callable[[Iterable[str]], Awaitable[None]] | None = None) -> None:
         self.members = Membership(failures, silent_s)
         self.table, self.probe, self.forget = table, probe, forget

@@ -92,7 +92,7 @@ from placement.actor import DemandPublisher, RayletProbe, ledger, node_table
 log = logging.getLogger(__name__)
 
 NODES_REFRESH_S = 1.0  # the GCS's node table: joins are seen within this
-PROBE_S = 0.5  # the raylets of nodes holding slots (2 refused in a row, or 5 s without an answer: lost)
+PROBE_S = 0.5  # the raylets of nodes holding slots (2 refused in a row, or 10 s without an answer: lost)
 END_WAIT_S = 5.0  # end_session waits this long for the session to reach ENDED
 PENDING_AUDIO_MAX_BYTES = 16000 * 2 * 2 * 60  # audio held for a session not yet started: 60 s stereo 16 kHz
 
