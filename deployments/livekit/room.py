@@ -24,7 +24,9 @@ about (chunks in flight + jitter buffer) chunk durations later, ~0.5-0.7 s with 
 Leaving: on a reliable data message `{"type": "END_CALL"}`, when the agent participant leaves (or, with
 no agent identity, the last remote participant), when the server disconnects us, at `max_duration_s`,
 or on `aclose()`. All but `aclose()` call `handler.end_session(reason)` first (reasons: end_call,
-agent_left, room_empty, room_disconnected, max_duration).
+agent_left, room_empty, room_disconnected, max_duration). Being removed from the room through the server API
+is end_call too: LiveKit Agents' `AvatarSession.aclose()` removes the avatar right after sending END_CALL, and
+the removal may reach us first.
 
 `on_playback(event)` observes each segment's start (with its latency: speech handed to the session ->
 first frame shown) and finish, e.g. for the session's event log and metrics.
@@ -235,7 +237,8 @@ class LiveKitRoom:
             self._leave("room_empty")
 
     def _on_disconnected(self, reason: Any) -> None:
-        self._leave("room_disconnected")
+        removed = reason == rtc.DisconnectReason.PARTICIPANT_REMOVED  # the agent's end of the call (see above)
+        self._leave("end_call" if removed else "room_disconnected")
 
     # ----------------------------------------------------------------------------- agent audio
     def _is_agent(self, identity: str) -> bool:
