@@ -203,10 +203,22 @@ class SharedRealtime(RealtimeRegistry):
         return await self._shared.call("realtime", method, *args)
 
 
+def log_like_serve() -> None:
+    """Our `deployments.*` INFO lines (e.g. the Runway clients' User-Agents) go where Serve's own go: the
+    replica's log file and, through Ray, the driver's output. Without this they stop at Python's default."""
+    ours, serve_log = logging.getLogger("deployments"), logging.getLogger("ray.serve")
+    if serve_log.handlers and not ours.handlers:
+        for handler in serve_log.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 class _Ingress(CharactersGrpc):
     """HTTP routes (built per replica by `__serve_build_asgi_app__`) and the gRPC methods, over one frontend."""
 
     def __init__(self, service: ServiceConfig, api: ApiConfig) -> None:
+        log_like_serve()
         self.telemetry = telemetry.setup("ingress")  # OTEL_* of this replica's process (off by default)
         self.keys = ApiKeys.from_env()
         self.scheduler = ActorScheduler(service)
