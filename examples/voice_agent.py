@@ -48,8 +48,8 @@ from livekit.agents import (
     AgentSession,
     APIConnectOptions,
     JobContext,
-    RoomOptions,
     cli,
+    room_io,
     tts,
     utils,
 )
@@ -152,8 +152,9 @@ async def entrypoint(ctx: JobContext) -> None:
     avatar = avatar_session()
     await avatar.start(session, room=ctx.room)  # POST {RUNWAYML_BASE_URL}/v1/realtime_sessions: the character joins
     # the agent's speech goes to the character (the plugin's audio output), which publishes it with its video
+    options = room_io.RoomOptions(audio_output=False, audio_input=mode == "pipeline")
     await session.start(agent=Agent(instructions="You are a friendly character. Keep your answers short."),
-                        room=ctx.room, room_options=RoomOptions(audio_output=False, audio_input=mode == "pipeline"))
+                        room=ctx.room, room_options=options)
 
     async def interrupt(data: rtc.RpcInvocationData) -> str:
         await session.interrupt()

@@ -82,7 +82,8 @@ def test_the_python_sdk_avatars_and_sessions_with_and_without_an_integration(ser
         name="Ada", personality="A patient guide.", reference_image=face_uri(),
         voice={"type": "runway-live-preset", "preset_id": "clara"}, start_script="Hello!", document_ids=["doc-1"])
     made = raw.parse()
-    strict(raw.http_response.json(), avatar_create_response.AvatarCreateResponse, made, avatar_create_response.Processing)
+    strict(raw.http_response.json(), avatar_create_response.AvatarCreateResponse, made,
+           avatar_create_response.Processing)
     assert (made.name, made.personality, made.start_script, made.document_ids) == ("Ada", "A patient guide.", "Hello!",
                                                                                  ["doc-1"])
     assert isinstance(made.created_at, datetime) and made.voice.preset_id == "clara"  # type: ignore[union-attr]
@@ -100,7 +101,8 @@ def test_the_python_sdk_avatars_and_sessions_with_and_without_an_integration(ser
         TypeAdapter(avatar_list_response.AvatarListResponse).validate_python(item)
     raw = client.avatars.with_raw_response.update(made.id, name="Ada II", start_script=None)
     updated = raw.parse()
-    strict(raw.http_response.json(), avatar_update_response.AvatarUpdateResponse, updated, avatar_update_response.Ready)
+    strict(raw.http_response.json(), avatar_update_response.AvatarUpdateResponse, updated,
+           avatar_update_response.Ready)
     assert (updated.name, updated.start_script) == ("Ada II", None)
 
     retrieve = realtime_session_retrieve_response
@@ -124,7 +126,7 @@ def test_the_python_sdk_avatars_and_sessions_with_and_without_an_integration(ser
                      "room_name": room, "agent_identity": "agent-int"})
     assert created.model_extra == {} and set(created.model_fields_set) == {"id"}
     seen = [status(created.id).status]
-    running = wait_for(lambda: seen.append((s := status(created.id)).status) or s.status == "RUNNING" and s, 60,
+    running = wait_for(lambda: seen.append((s := status(created.id)).status) or (s.status == "RUNNING" and s), 60,
                        "the integration session RUNNING", 0.2)
     assert set(seen) <= {"NOT_READY", "RUNNING"} and isinstance(running.created_at, datetime), seen
     client.realtime_sessions.delete(created.id)
@@ -134,7 +136,7 @@ def test_the_python_sdk_avatars_and_sessions_with_and_without_an_integration(ser
     own = client.realtime_sessions.create(model="gwm1_avatars", avatar={"type": "runway-preset",
                                                                         "preset_id": "cooking-teacher"})
     seen = []
-    ready_s = wait_for(lambda: seen.append((s := status(own.id)).status) or s.status == "READY" and s, 60,
+    ready_s = wait_for(lambda: seen.append((s := status(own.id)).status) or (s.status == "READY" and s), 60,
                        "the service-room session READY", 0.2)
     assert set(seen) <= {"NOT_READY", "READY"} and ready_s.expires_at > ready_s.created_at, seen
     import httpx  # the Python SDK has no consume: what @runwayml/avatars' consumeSession posts, by hand
@@ -177,9 +179,9 @@ def test_the_python_sdk_avatars_and_sessions_with_and_without_an_integration(ser
 
 def test_the_node_sdk_does_the_same_and_the_web_flow(served: Served) -> None:
     node = shutil.which("node")
-    assert node is not None, "node is not installed (scripts/setup.sh --dev installs the npm packages; Debian: nodejs)"
+    assert node is not None, "node is not installed (Debian: apt-get install nodejs npm)"
     assert (NODE_DIR / "node_modules" / "@runwayml" / "sdk").is_dir(), (
-        "the Node client's packages are not installed; run `npm ci` in tests/clients/node (scripts/setup.sh --dev does)")
+        "the Node clients are not installed; run `npm ci` in tests/clients/node (scripts/setup.sh --dev does)")
     room = "node-integration"
     env = {**os.environ, "RUNWAYML_BASE_URL": served.url, "RUNWAYML_API_SECRET": served.keys["app"],
            "OTHER_API_SECRET": served.keys["other"], "FACE_URI": face_uri(), "ROOM": room,
