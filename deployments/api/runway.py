@@ -28,7 +28,8 @@ Requests: unknown fields are ignored (a newer client may add some); `X-Runway-Ve
 2024-11-06 and is echoed; the client's User-Agent is logged once per key and client. Errors keep this API's
 shape `{"error": {code, message, field}}` with the status codes the SDKs map to their exception classes
 (400, 401, 404, 409, 422, 429 and 503 with Retry-After); a 5xx that retrying cannot fix says `x-should-retry:
-false`, which the SDKs obey.
+false`, which the SDKs obey. A session without an integration on a server with no LiveKit server of its own
+is 422 `livekit_not_configured` naming `integration`.
 """
 
 from __future__ import annotations
@@ -308,7 +309,11 @@ def add_realtime_routes(app: FastAPI, frontend: SessionFrontend, dependencies: l
             output = runway_output(lk, "integration" if body.integration is not None else "livekit")
             room, key = None, None
         else:
-            settings.check(no_retry=True)
+            try:
+                settings.check()
+            except ApiError as e:  # the request cannot be served as it is: it must bring its room (a 4xx, no retry)
+                raise ApiError(422, e.code, f"is needed here: {e.message}; or give integration {{type: 'livekit', "
+                               "url, token, roomName}", "integration") from e
             room, key = service_room(session_id), secrets.token_urlsafe(32)
             output = LiveKitOutput(url=settings.url, room_name=room, api_key=settings.api_key,
                                    api_secret=settings.api_secret, identity=CHARACTER_IDENTITY)

@@ -224,11 +224,20 @@ def test_a_session_key_expires_and_is_refused_before_ready_and_after_the_end(sch
                                     headers={"Authorization": f"Bearer {key}"})) == (401, "invalid_session_key", None)
 
 
-def test_no_livekit_server_of_its_own_is_503_that_says_not_to_retry(sched: MemoryScheduler) -> None:
+def test_no_livekit_server_of_its_own_needs_an_integration(sched: MemoryScheduler) -> None:
     with make(sched, livekit=WatchSettings()) as client:
         resp = client.post("/v1/realtime_sessions", json={"model": "gwm1_avatars", "avatar": body()["avatar"]})
-        assert error_of(resp) == (503, "livekit_not_configured", None)
-        assert resp.headers["x-should-retry"] == "false" and not sched.specs
+        assert error_of(resp) == (422, "livekit_not_configured", "integration")
+        assert "CHARACTERS_LIVEKIT_URL" in resp.json()["error"]["message"] and not sched.specs
+        sid = client.post("/v1/realtime_sessions", json=body()).json()["id"]  # with one: fine
+        assert sched.specs[sid].output.room_name == "room-1"  # type: ignore[union-attr]
+
+
+def test_a_5xx_that_retrying_cannot_fix_tells_the_sdks_not_to_retry() -> None:
+    from deployments.api.errors import ApiError
+
+    assert ApiError(503, "x", "m", no_retry=True).headers == {"x-should-retry": "false"}
+    assert ApiError(503, "x", "m", retry_after_s=2.0).headers == {"Retry-After": "2"}
 
 
 def test_get_and_delete_map_statuses(client: TestClient, sched: MemoryScheduler) -> None:
