@@ -27,16 +27,19 @@ Environment (besides LiveKit's and Runway's above):
     CHARACTER_MAX_DURATION  seconds the character may stay (default 300)
 
 Any participant may call the agent's RPC `interrupt`: the agent calls `session.interrupt()` (as it does by itself
-when the user starts talking, in the pipeline mode), and the character stops speaking.
+when the user starts talking, in the pipeline mode), and the character stops speaking; the answer says when
+(`{"interruptedAt": <Unix seconds>}`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import os
 import shutil
+import time
 import wave
 from typing import Any
 
@@ -157,9 +160,10 @@ async def entrypoint(ctx: JobContext) -> None:
                         room=ctx.room, room_options=options)
 
     async def interrupt(data: rtc.RpcInvocationData) -> str:
+        at = time.time()
         await session.interrupt()
         logger.info("interrupted by %s", data.caller_identity)
-        return "interrupted"
+        return json.dumps({"interruptedAt": at})  # when session.interrupt() was called (Unix seconds)
 
     ctx.room.local_participant.register_rpc_method("interrupt", interrupt)
     if mode != "pipeline":

@@ -7,7 +7,8 @@ dispatches the agent into its room, watches and listens:
 - the character joins and publishes video and the agent's speech, and its mouth follows that speech: the
   mouth signal of the received frames (`characters.train.lipsync`) correlates with the received audio's
   envelope at a small lag, far better than with the same audio 2.5 s away (a control from the same run);
-- the agent's `session.interrupt()` (its RPC `interrupt`) silences the character within one chunk;
+- the agent's `session.interrupt()` (its RPC `interrupt`, which answers when it called it) silences the
+  character within one chunk, as heard here;
 - when the user leaves, the agent's session closes and `AvatarSession.aclose()` sends END_CALL and removes
   the avatar at once: the session ends COMPLETED with reason `end_call`.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import os
 import secrets
 import signal
@@ -64,13 +66,20 @@ def token(served: Served, room: str, identity: str) -> str:
 
 
 class Watcher:
-    """The user: in the room, subscribed to the character; records RGB frames and audio with arrival times."""
+    """The user: in the room, subscribed to the character; records RGB frames (with their RTP-derived timestamps)
+    and audio (10 ms frames, contiguous), each with its arrival time on this process's clock.
+
+    On a loaded machine this process's loop can stall, and what arrived meanwhile is then read late, in a burst:
+    arrival times only ever gain delay. So each stream is put on its own media timeline (video: the frames'
+    timestamps; audio: the count of samples) and anchored to the clock by its least-delayed item, which makes
+    the two comparable whatever the stalls."""
 
     def __init__(self) -> None:
         self.room = rtc.Room()
-        self.frames: list[tuple[float, np.ndarray]] = []
-        self.audio: list[tuple[float, np.ndarray]] = []  # (time, float32 16 kHz mono)
+        self.frames: list[tuple[float, float, np.ndarray]] = []  # (arrival, media time s, RGB)
+        self.audio: list[tuple[float, float, np.ndarray]] = []  # (arrival, media time s of its end, float32 16 kHz)
         self.tasks: list[asyncio.Task[None]] = []
+        self._samples = 0
         self.room.on("track_subscribed", self._on_track)
 
     def _on_track(self, track: rtc.Track, _: Any, participant: rtc.RemoteParticipant) -> None:
@@ -85,14 +94,29 @@ class Watcher:
     async def _video(self, stream: rtc.VideoStream) -> None:
         async for ev in stream:
             rgb = ev.frame.convert(rtc.VideoBufferType.RGB24)
-            self.frames.append((time.monotonic(), np.frombuffer(rgb.data, np.uint8).reshape(rgb.height, rgb.width, 3)))
+            self.frames.append((time.monotonic(), ev.timestamp_us / 1e6,
+                                np.frombuffer(rgb.data, np.uint8).reshape(rgb.height, rgb.width, 3)))
 
     async def _audio(self, stream: rtc.AudioStream) -> None:
         async for ev in stream:
-            self.audio.append((time.monotonic(), np.frombuffer(ev.frame.data, np.int16).astype(np.float32) / 32768))
+            pcm = np.frombuffer(ev.frame.data, np.int16).astype(np.float32) / 32768
+            self._samples += pcm.size
+            self.audio.append((time.monotonic(), self._samples / 16000, pcm))
+
+    @staticmethod
+    def clock(items: list[tuple[float, float, np.ndarray]]) -> np.ndarray:
+        """Each item's time on this clock: its media time plus the smallest (arrival - media time) seen."""
+        arrival, media = np.array([a for a, _, _ in items]), np.array([m for _, m, _ in items])
+        return media + float(np.min(arrival - media))
 
     def rms_since(self, t0: float) -> list[tuple[float, float]]:
-        return [(t, float(np.sqrt(np.mean(a * a)))) for t, a in self.audio if t >= t0]
+        """(arrival, RMS) of the audio frames that arrived at or after t0 (for waiting on what is heard)."""
+        return [(t, float(np.sqrt(np.mean(a * a)))) for t, _, a in self.audio if t >= t0]
+
+    def levels(self) -> list[tuple[float, float]]:
+        """(clock time of its end, RMS) of every audio frame."""
+        return [(t, float(np.sqrt(np.mean(a * a)))) for t, (_, _, a) in zip(self.clock(self.audio), self.audio,
+                                                                            strict=True)]
 
     async def aclose(self) -> None:
         for task in self.tasks:
@@ -106,7 +130,7 @@ async def line_onset(watcher: Watcher, deadline: float) -> float:
     quiet_since = None
     seen = len(watcher.audio)
     while time.monotonic() < deadline:
-        for t, a in watcher.audio[seen:]:
+        for t, _, a in watcher.audio[seen:]:
             level = float(np.sqrt(np.mean(a * a)))
             if level < SILENT_RMS:
                 quiet_since = quiet_since or t
@@ -121,19 +145,23 @@ async def line_onset(watcher: Watcher, deadline: float) -> float:
 
 def lipsync(watcher: Watcher, t0: float, t1: float) -> tuple[float, int, float]:
     """r of the mouth signal with the audio envelope at the best lag (-8..8 frames), the lag, and the control:
-    the best r against the envelope 2.5 s later. Both on a 24 Hz grid of arrival times."""
+    the best r against the envelope 2.5 s later. Both on a 24 Hz grid of the watcher's clock (see Watcher)."""
     grid = np.arange(t0, t1, 1 / FPS)
-    times = np.array([t for t, _ in watcher.frames])
-    mouth = mouth_signal(np.stack([f for _, f in watcher.frames]), CLIP.identity, reference_image(CLIP.identity))
-    video = mouth[np.clip(np.searchsorted(times, grid, side="right") - 1, 0, len(times) - 1)]
+    times = Watcher.clock(watcher.frames)
+    order = np.argsort(times)
+    frames = np.stack([watcher.frames[i][2] for i in order])
+    mouth = mouth_signal(frames, CLIP.identity, reference_image(CLIP.identity))
+    video = mouth[np.clip(np.searchsorted(times[order], grid, side="right") - 1, 0, len(order) - 1)]
+    ends = Watcher.clock(watcher.audio)
+    pcm = [a for _, _, a in watcher.audio]
 
     def envelope(shift_s: float) -> np.ndarray:
         out = np.full(grid.size, -60.0)
         for k, g in enumerate(grid + shift_s):
-            seg = [a for t, a in watcher.audio if g - 1 / FPS < t <= g]
+            seg = [pcm[i] for i in np.nonzero((ends > g - 1 / FPS) & (ends <= g))[0]]
             if seg:
-                pcm = np.concatenate(seg)
-                out[k] = max(-60.0, 10 * np.log10(float(np.mean(pcm * pcm)) + 1e-12))
+                joined = np.concatenate(seg)
+                out[k] = max(-60.0, 10 * np.log10(float(np.mean(joined * joined)) + 1e-12))
         return out
 
     near = offset_correlations(video, envelope(0.0), 8)
@@ -212,20 +240,26 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
             # interrupt 1 s into a line (each lasts 5-8 s): after a pause of the script, speech starts again
             onset = await line_onset(watcher, deadline)
             await asyncio.sleep(max(0.0, onset + 1.0 - time.monotonic()))
+            while not all(level > SPEECH_RMS for _, level in watcher.rms_since(time.monotonic() - 0.04)[-3:]):
+                assert time.monotonic() < deadline, "no word to interrupt"
+                await asyncio.sleep(0.005)  # mid-word: the last 30 ms heard are speech
             agent = next(p.identity for p in watcher.room.remote_participants.values()
                          if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and p.identity != AVATAR_IDENTITY)
-            t_interrupt = time.monotonic()
-            answer = await watcher.room.local_participant.perform_rpc(destination_identity=agent, method="interrupt",
-                                                                      payload="")
+            t_call = time.monotonic()
+            answer = json.loads(await watcher.room.local_participant.perform_rpc(
+                destination_identity=agent, method="interrupt", payload=""))
             t_answered = time.monotonic()
+            t_interrupt = answer["interruptedAt"] - (time.time() - time.monotonic())  # session.interrupt(), here
             await asyncio.sleep(1.5)
-            after = watcher.rms_since(t_interrupt)
-            loud_after = [t for t, level in after if level > SILENT_RMS and t < t_interrupt + 1.5]
+            levels = watcher.levels()  # on the clock, so a stall of this loop adds nothing
+            loud_before = [t for t, level in levels if t_interrupt - 0.3 <= t < t_interrupt and level > SPEECH_RMS]
+            loud_after = [t for t, level in levels if t_interrupt <= t < t_interrupt + 1.5 and level > SILENT_RMS]
             silent_from = (loud_after[-1] if loud_after else t_interrupt) - t_interrupt
-            fps = sum(t_speech <= t < t_speech + RECORD_S for t, _ in watcher.frames) / RECORD_S
+            fps = sum(t_speech <= t < t_speech + RECORD_S for t, _, _ in watcher.frames) / RECORD_S
             await watcher.aclose()  # the user leaves: the agent's session closes, END_CALL, the avatar removed
             return {"session": session, "r": r, "lag": lag, "control": control, "answer": answer, "fps": fps,
-                    "silent_after_s": silent_from, "rpc_s": t_answered - t_interrupt,
+                    "speaking": len(loud_before),
+                    "silent_after_s": silent_from, "rpc_s": t_answered - t_call,
                     "joined_s": t_joined - t_dispatch}
 
         got = asyncio.run(main())
@@ -237,10 +271,11 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
         stop_worker(worker, log)
     print(f"voice agent: character joined {got['joined_s']:.1f} s after dispatch; {got['fps']:.1f} fps; lip sync "
           f"r {got['r']:.3f} at lag {got['lag']} frames (control {got['control']:.3f}); interrupt RPC "
-          f"{got['rpc_s'] * 1000:.0f} ms, silent {got['silent_after_s'] * 1000:.0f} ms after the call")
-    assert got["session"]["status"] == "RUNNING" and got["answer"] == "interrupted"
+          f"{got['rpc_s'] * 1000:.0f} ms, silent {got['silent_after_s'] * 1000:.0f} ms after session.interrupt()")
+    assert got["session"]["status"] == "RUNNING" and set(got["answer"]) == {"interruptedAt"}
     assert got["r"] >= MIN_R and got["r"] - got["control"] >= MIN_MARGIN, got
     assert -3 <= got["lag"] <= 8, got  # the mouth moves with the speech, not before it
+    assert got["speaking"] >= 3, got  # it was speaking in the 300 ms before the call (10 ms frames)
     assert got["silent_after_s"] <= CHUNK_S, got
     assert "(interrupted)" in log.read_text(), "the agent's speech handle was not interrupted"
     assert ended["reason"] == "end_call", ended
