@@ -476,3 +476,22 @@ def test_native_livekit_output_becomes_a_livekit_output_spec(client: TestClient,
 ])
 def test_native_livekit_output_refusals(client: TestClient, output: dict[str, Any], field: str) -> None:
     assert error_of(client.post("/v1/sessions", json=native(output))) == (422, "invalid_field", field)
+
+
+def test_the_avatar_store_drops_a_stale_processing_result_and_times_processing_out() -> None:
+    from deployments.api.avatars import PROCESSING_TIMEOUT_S, Avatar, AvatarStore
+
+    store = AvatarStore(max_avatars=1)
+    a = store.add(Avatar(id="", owner="k", name="n", personality="", voice=None, start_script=None, document_ids=(),
+                         image_processing="optimize", created_at=0.0, updated_at=0.0))
+    assert a is not None and store.add(a) is None  # full: refused, nothing evicted
+    again = store.update(a.id, {}, 1.0, new_image=True)  # the reference changed while version 0 was processing
+    assert again is not None and again.version == 1
+    image = np.zeros((4, 4, 3), np.uint8)
+    assert store.finish(a.id, 0, image, None, 2.0) is None and store.image(a.id) is None  # the stale result
+    done = store.finish(a.id, 1, image, None, 3.0)
+    assert done is not None and done.status == "READY" and not store.image(a.id).flags.writeable  # type: ignore[union-attr]
+    stuck = store.update(a.id, {}, 10.0, new_image=True)
+    assert stuck is not None and stuck.settled(10.0 + PROCESSING_TIMEOUT_S).status == "PROCESSING"
+    late = stuck.settled(10.0 + PROCESSING_TIMEOUT_S + 1)
+    assert late.status == "FAILED" and "did not finish" in (late.failure_reason or "")
