@@ -17,7 +17,9 @@ Interruption: RPC `lk.clear_buffer` from the agent -> the rest of the current st
 awaitable), the playout blanks every chunk made from the interrupted speech and the audio source's
 queue is flushed, then each unfinished segment is reported `interrupted=true`. Timing (the contract the
 tests check): `lk.playback_finished` leaves as soon as `clear_audio` answers (at most `CLEAR_TIMEOUT_S`;
-~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once; the video holds
+~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once (the audio source is
+flushed and muted on the clear itself, before `clear_audio` answers, and unmuted once the playout has dropped
+the interrupted speech); the video holds
 the last frame until the first chunk generated after the clear, which plays on its original schedule:
 about (chunks in flight + jitter buffer) chunk durations later, ~0.5-0.7 s with 2 in flight.
 
@@ -338,8 +340,13 @@ class LiveKitRoom:
         while not self._streams.empty():
             self._streams.get_nowait()
             queued += 1
-        dropped = await self._clear_handler()
-        result = self.publisher.playout.clear(dropped)
+        self.publisher.flush_audio()  # silent now, not after the session's answer (a round trip through Ray)
+        self.publisher.mute(True)
+        try:
+            dropped = await self._clear_handler()
+            result = self.publisher.playout.clear(dropped)
+        finally:
+            self.publisher.mute(False)
         if result.flush_audio:
             self.publisher.flush_audio()
         for event in result.events:
