@@ -268,7 +268,7 @@ def test_create_get_list_delete(server: Server) -> None:
     assert set(body) == {"id", "status", "preset", "reason", "createdAt", "startedAt", "endedAt", "queuePosition",
                          "warmStart", "stats"}
     assert set(body["stats"]) == {"chunks", "frames", "fps", "lateChunks", "stepMsP50", "stepMsP95", "audioQueuedS",
-                                  "bufferMs", "avOffsetMs", "stageMs"}
+                                  "bufferMs", "avOffsetMs", "stageMs", "presentedFps", "speechMsP50"}
     # The scheduler got the image decoded at the preset's resolution, and the key's id (not the key).
     shape, red = ray.get(fake().image_of.remote(sid))
     assert shape == (176, 272, 3) and red == 200
