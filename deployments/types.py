@@ -86,6 +86,7 @@ class SessionInfo:
     queue_position: int | None = None
     warm_start: bool | None = None  # took a warm slot (True) or made a new one (False)
     stats: SessionStats = field(default_factory=SessionStats)
+    owner: str | None = None  # the id of the API key that made it (its tenant; deployments.api.auth), or None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

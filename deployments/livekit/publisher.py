@@ -42,6 +42,7 @@ class MediaPublisher:
         self.playout = Playout(self.pacing, clock=clock)
         self.video_source: rtc.VideoSource | None = None
         self.audio_source: rtc.AudioSource | None = None
+        self.muted = False  # see mute()
         self.video_publication: rtc.LocalTrackPublication | None = None
         self.audio_publication: rtc.LocalTrackPublication | None = None
         self._wake = asyncio.Event()
@@ -82,6 +83,11 @@ class MediaPublisher:
             self.audio_source.clear_queue()
         self._wake.set()
 
+    def mute(self, muted: bool) -> None:
+        """While muted, the audio due plays as silence (its timing kept): an interruption mutes at once, before
+        the session has said what it dropped, and unmutes once the playout has applied the clear."""
+        self.muted = muted
+
     def stats(self) -> PlayoutStats:
         return self.playout.stats()
 
@@ -117,7 +123,8 @@ class MediaPublisher:
                     video.capture_frame(rtc.VideoFrame(w, h, rtc.VideoBufferType.RGB24,
                                                        np.ascontiguousarray(item.frame).tobytes()))
                 elif isinstance(item, AudioOut):
-                    await audio.capture_frame(rtc.AudioFrame(item.samples.tobytes(), self.media.sample_rate, 1,
-                                                             item.samples.size))
+                    samples = np.zeros_like(item.samples) if self.muted else item.samples
+                    await audio.capture_frame(rtc.AudioFrame(samples.tobytes(), self.media.sample_rate, 1,
+                                                             samples.size))
                 else:
                     self.on_event(item)

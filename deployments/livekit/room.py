@@ -17,14 +17,18 @@ Interruption: RPC `lk.clear_buffer` from the agent -> the rest of the current st
 awaitable), the playout blanks every chunk made from the interrupted speech and the audio source's
 queue is flushed, then each unfinished segment is reported `interrupted=true`. Timing (the contract the
 tests check): `lk.playback_finished` leaves as soon as `clear_audio` answers (at most `CLEAR_TIMEOUT_S`;
-~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once; the video holds
+~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once (the audio source is
+flushed and muted on the clear itself, before `clear_audio` answers, and unmuted once the playout has dropped
+the interrupted speech); the video holds
 the last frame until the first chunk generated after the clear, which plays on its original schedule:
 about (chunks in flight + jitter buffer) chunk durations later, ~0.5-0.7 s with 2 in flight.
 
 Leaving: on a reliable data message `{"type": "END_CALL"}`, when the agent participant leaves (or, with
 no agent identity, the last remote participant), when the server disconnects us, at `max_duration_s`,
 or on `aclose()`. All but `aclose()` call `handler.end_session(reason)` first (reasons: end_call,
-agent_left, room_empty, room_disconnected, max_duration).
+agent_left, room_empty, room_disconnected, max_duration). Being removed from the room through the server API
+is end_call too: LiveKit Agents' `AvatarSession.aclose()` removes the avatar right after sending END_CALL, and
+the removal may reach us first.
 
 `on_playback(event)` observes each segment's start (with its latency: speech handed to the session ->
 first frame shown) and finish, e.g. for the session's event log and metrics.
@@ -245,7 +249,8 @@ class LiveKitRoom:
             self._leave("room_empty")
 
     def _on_disconnected(self, reason: Any) -> None:
-        self._leave("room_disconnected")
+        removed = reason == rtc.DisconnectReason.PARTICIPANT_REMOVED  # the agent's end of the call (see above)
+        self._leave("end_call" if removed else "room_disconnected")
 
     # ----------------------------------------------------------------------------- agent audio
     def _is_agent(self, identity: str) -> bool:
@@ -345,8 +350,13 @@ class LiveKitRoom:
         while not self._streams.empty():
             self._streams.get_nowait()
             queued += 1
-        dropped = await self._clear_handler()
-        result = self.publisher.playout.clear(dropped)
+        self.publisher.flush_audio()  # silent now, not after the session's answer (a round trip through Ray)
+        self.publisher.mute(True)
+        try:
+            dropped = await self._clear_handler()
+            result = self.publisher.playout.clear(dropped)
+        finally:
+            self.publisher.mute(False)
         if result.flush_audio:
             self.publisher.flush_audio()
         for event in result.events:
