@@ -45,6 +45,7 @@ from placement.names import parse_pg_name
 
 SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}
 NAME = "soak"
+CHECKPOINT_SAMPLES = 15  # the JSON is rewritten this often, so a run cut short keeps its samples
 
 
 def parse() -> argparse.Namespace:
@@ -63,6 +64,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--graph", choices=("compiled", "actor_calls"), default="compiled")
     p.add_argument("--out", default="benchmarks/soak_multinode_cpu.json")
     p.add_argument("--png", default="docs/soak_multinode_cpu.png")
+    p.add_argument("--from-log", default=None, help="rebuild --out and --png from the lines a run printed, "
+                   "without running (with that run's --minutes and --sample-s)")
     return p.parse_args()
 
 
@@ -245,6 +248,9 @@ def start(args: argparse.Namespace) -> LoopbackCluster | None:
 
 def main() -> None:
     args = parse()
+    if args.from_log:
+        from_log(args)
+        return
     t_start = time.monotonic()
     cluster = start(args)
     service = ServiceConfig(preset=args.preset, topology=topology(args.topology),
@@ -290,6 +296,9 @@ def main() -> None:
                       f"actors {s['named_actors']}  pgs {s['placement_groups']}  leaked "
                       f"{s['leaked_actors']}+{s['leaked_placement_groups']}", flush=True)
                 next_sample += args.sample_s
+                if len(samples) % CHECKPOINT_SAMPLES == 0:
+                    write(args, samples, done=done, failed=failed, left=None, wall_s=time.monotonic() - t_start,
+                          complete=False)
             time.sleep(0.5)
     finally:
         ray.get(sched.shutdown.remote(), timeout=120)
@@ -300,21 +309,29 @@ def main() -> None:
             left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
         else:
             stop_local()
+    write(args, samples, done=done, failed=failed, left=left, wall_s=time.monotonic() - t_start, complete=True)
+
+
+def write(args: argparse.Namespace, samples: list[dict[str, Any]], *, done: int, failed: int | None,
+          left: list[int] | None, wall_s: float, complete: bool, source: str | None = None) -> None:
+    """The JSON (every sample, per-series growth and trends) and the plot of `samples` so far. Written at the
+    end and every CHECKPOINT_SAMPLES samples (`complete: false`), so a run cut short keeps what it measured."""
     ts, sessions_done = [s["t_s"] for s in samples], [s["sessions_done"] for s in samples]
     all_series = series(samples)
     result = {
         "command": "python " + " ".join(sys.argv), "device": "cuda" if "cuda_allocated_mb" in samples[-1] else "cpu",
+        "complete": complete, "rebuilt_from_log": source,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ray": ray.__version__,
                     "load_average_at_end": [round(x, 1) for x in os.getloadavg()]},
-        "config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "png", "from_log")},
         "sessions_done": done, "sessions_failed": failed,
-        "chunks": samples[-1]["chunks"] if samples else 0, "late_chunks": samples[-1]["late_chunks"] if samples else 0,
-        "leaked_actors_max": max((s["leaked_actors"] for s in samples), default=0),
-        "leaked_placement_groups_max": max((s["leaked_placement_groups"] for s in samples), default=0),
+        "chunks": samples[-1].get("chunks"), "late_chunks": samples[-1].get("late_chunks"),
+        "leaked_actors_max": max(s["leaked_actors"] for s in samples),
+        "leaked_placement_groups_max": max(s["leaked_placement_groups"] for s in samples),
         "named_actors_range": [min(s["named_actors"] for s in samples), max(s["named_actors"] for s in samples)],
         "placement_groups_range": [min(s["placement_groups"] for s in samples),
                                    max(s["placement_groups"] for s in samples)],
-        "processes_left_after_stop": left, "wall_s": round(time.monotonic() - t_start, 1),
+        "processes_left_after_stop": left, "wall_s": round(wall_s, 1),
         "trend_mb_per_hour_second_half": {k: round(trend_mb_per_hour(ts, ys), 1) for k, ys in all_series.items()},
         "mb_per_session_second_half": {k: round(per_session_mb(sessions_done, ys), 3) for k, ys in all_series.items()},
         "growth_mb_first_to_last": {k: round(_finite(ys)[-1] - _finite(ys)[0], 1) for k, ys in all_series.items()},
@@ -322,12 +339,43 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if not complete and source is None:
+        return  # checkpoint: the plot is drawn at the end
     where = f"{args.nodes} nodes x {args.gpus_per_node} GPUs + head" if args.nodes else "one node"
+    cut = "" if complete else f", cut short at {samples[-1]['t_s'] / 60:.0f} min"
     plot(samples, Path(args.png), f"soak: {done} sessions of {args.session_s:.0f} s, {args.concurrent} at once, "
-         f"{where}, {args.preset}{'' if args.full else ' (cut down)'}, {result['device']}")
-    print(json.dumps({k: result[k] for k in ("sessions_done", "sessions_failed", "late_chunks", "leaked_actors_max",
-                                             "leaked_placement_groups_max", "processes_left_after_stop",
-                                             "mb_per_session_second_half", "growth_mb_first_to_last")}, indent=1))
+         f"{where}, {args.preset}{'' if args.full else ' (cut down)'}, {result['device']}{cut}")
+    print(json.dumps({k: result[k] for k in ("complete", "sessions_done", "sessions_failed", "late_chunks",
+                                             "leaked_actors_max", "leaked_placement_groups_max",
+                                             "processes_left_after_stop", "mb_per_session_second_half",
+                                             "growth_mb_first_to_last")}, indent=1))
+
+
+LINE = re.compile(r"^\s*(?P<t>[\d.]+) s  sessions\s+(?P<done>\d+)  driver (?P<driver>[\d.]+) MB  scheduler "
+                  r"(?P<sched>[\d.]+) MB  workers (?P<workers>\{.*?\})  ray (?P<ray>\{.*?\})  actors (?P<actors>\d+)  "
+                  r"pgs (?P<pgs>\d+)  leaked (?P<la>\d+)\+(?P<lp>\d+)$")
+
+
+def from_log(args: argparse.Namespace) -> None:
+    """Rebuild the JSON and plot of a run from the lines it printed (one per sample): for a run whose end was
+    never reached (the machine restarted). Chunk counts, threads and fds are not in those lines."""
+    import ast
+
+    samples = []
+    for line in Path(args.from_log).read_text().splitlines():
+        m = LINE.match(line)
+        if m is None:
+            continue
+        samples.append({"t_s": float(m["t"]), "driver_rss_mb": float(m["driver"]),
+                        "scheduler_rss_mb": float(m["sched"]), "workers_rss_mb": ast.literal_eval(m["workers"]),
+                        "daemons_rss_mb": ast.literal_eval(m["ray"]),
+                        "named_actors": int(m["actors"]), "placement_groups": int(m["pgs"]),
+                        "leaked_actors": int(m["la"]), "leaked_placement_groups": int(m["lp"]),
+                        "sessions_done": int(m["done"])})
+    if not samples:
+        raise SystemExit(f"no sample lines in {args.from_log}")
+    write(args, samples, done=samples[-1]["sessions_done"], failed=None, left=None, wall_s=samples[-1]["t_s"],
+          complete=samples[-1]["t_s"] >= args.minutes * 60 - args.sample_s, source=str(args.from_log))
 
 
 if __name__ == "__main__":
