@@ -120,8 +120,10 @@ class StagePipeline:
         self.dit_threads = dit_threads or topo.dit_cpu_threads
         self.decoder_threads = decoder_threads or topo.decoder_cpu_threads
         self._pool: ThreadPoolExecutor | None = None
+        self._threads_before: int | None = None
 
     def __enter__(self) -> StagePipeline:
+        self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.dit_threads)
         if self.overlap:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="decoder",
@@ -132,9 +134,13 @@ class StagePipeline:
         self.close()
 
     def close(self) -> None:
+        """Stop the decoder thread; the caller's intra-op threads are what they were before `__enter__`."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     def _dit(self, pcm: np.ndarray) -> tuple[torch.Tensor, StageTimes]:
         latents, t = _timed(lambda: self.engine.dit.step(pcm))

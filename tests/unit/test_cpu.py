@@ -57,6 +57,7 @@ def test_pipeline_frames_equal_the_engine_step_by_step(engine: CharacterEngine, 
         assert np.array_equal(r.frames, w)
         assert r.dit.cpu_ms > 0 and r.decode.cpu_ms > 0 and r.cpu_ms == r.dit.cpu_ms + r.decode.cpu_ms
     assert pipe.overlap is overlap
+    assert torch.get_num_threads() == 1  # as it was before the pipeline (set above), not the pipeline's own
 
 
 @dataclass
@@ -106,8 +107,15 @@ def test_the_next_dit_runs_beside_this_decode_and_never_further_ahead() -> None:
 
 def test_one_core_runs_both_stages_in_turn_on_the_callers_thread() -> None:
     fake = FakeEngine(3)
-    with StagePipeline(fake, overlap=False) as pipe:  # type: ignore[arg-type]
-        out = [int(r.frames[0, 0, 0, 0]) for r in pipe.stream(np.full(1, k, np.float32) for k in range(3))]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with StagePipeline(fake, overlap=False) as pipe:  # type: ignore[arg-type]
+            assert torch.get_num_threads() == 1  # the topology's dit_cpu_threads
+            out = [int(r.frames[0, 0, 0, 0]) for r in pipe.stream(np.full(1, k, np.float32) for k in range(3))]
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
     assert out == [0, 1, 2]
     assert {t for _, _, t in fake.log} == {threading.get_ident()}
     assert [(e, k) for e, k, _ in fake.log] == [("dit", 0), ("decode", 0), ("dit", 1), ("decode", 1), ("dit", 2),
