@@ -12,10 +12,11 @@ from characters.config import MODEL_PRESETS, TOPOLOGIES, explain, session_config
 
 
 def _presets(_: argparse.Namespace) -> int:
-    from characters.flops import chunk_cost
+    from characters.flops import H200_BF16_RATE, H200_FP8_RATE, chunk_cost
 
+    budget = 1000 * 4 / 24  # ms per 4-frame chunk at 24 fps
     print(f"{'preset':<9} {'params':>8} {'resolution':>10} {'tok/chunk':>9} {'keys':>6} {'steps':>5} "
-          f"{'TFLOP/chunk':>11} {'topology':>8} {'ranks':>5} {'TFLOP/rank':>10}")
+          f"{'TFLOP/chunk':>11} {'topology':>8} {'ranks':>5} {'TFLOP/rank':>10} {'bf16 floor':>10} {'fp8 floor':>9}")
     for name, model in MODEL_PRESETS.items():
         g = model.generation
         steps = f"{g.denoising_steps}" + ("+1" if g.cache_update == "extra_pass" else "")
@@ -26,9 +27,16 @@ def _presets(_: argparse.Namespace) -> int:
                 print(f"{name:<9} {'':>8} {'':>10} {'':>9} {'':>6} {'':>5} {'':>11} {topo:>8}  n/a: {explain(err)}")
                 continue
             c = chunk_cost(cfg)
+            bf16_ms, fp8_ms = c.floor_ms(H200_BF16_RATE), c.floor_ms(H200_BF16_RATE, H200_FP8_RATE)
             print(f"{name:<9} {c.params / 1e9:>7.3f}B {g.width:>5}x{g.height:<4} {c.tokens_per_chunk:>9} "
                   f"{c.cache_tokens:>6} {steps:>5} {c.flops_per_chunk / 1e12:>11.3f} {topo:>8} "
-                  f"{cfg.topology.dit_ranks:>5} {c.flops_per_chunk_per_rank / 1e12:>10.3f}")
+                  f"{cfg.topology.dit_ranks:>5} {c.flops_per_chunk_per_rank / 1e12:>10.3f} {bf16_ms:>8.1f}ms "
+                  f"{fp8_ms:>7.1f}ms")
+    print(f"floors: one DiT rank's FLOPs per chunk at the lent H200's measured rates ({H200_BF16_RATE / 1e12:.0f} "
+          f"TFLOP/s bf16, {H200_FP8_RATE / 1e12:.0f} FP8 linear layers with attention in bf16), compute only; "
+          f"budget {budget:.1f} ms per chunk")
+    print("measured 57b rank steps (benchmarks/h200/step_57b_tp*_fp8.json, communication excluded, sequence "
+          "parallel): h100x4 (3 + 1) bf16 210.4 ms, FP8 158.7 ms; h100x5 (4 + 1) bf16 156.3, FP8 116.6 ms")
     return 0
 
 

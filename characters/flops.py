@@ -18,6 +18,12 @@ from characters.config import ModelConfig, SessionConfig
 from characters.dit import Block, CausalDiT
 from characters.tp import ParallelLinear
 
+# Matmul rates measured on the lent H200 (FLOP/s): the median over the 15 step runs of benchmarks/h200/step_*_fp8.json
+# of each run's best-of-five 8192^3 medians (bf16 torch.mm; FP8 torch._scaled_mm with row-wise scales, fast
+# accumulation). The FP8 estimates of `characters presets` and scripts/simulate_fleet.py are floors at these rates.
+H200_BF16_RATE = 755e12
+H200_FP8_RATE = 1380e12
+
 
 @dataclass(frozen=True)
 class ChunkCost:

@@ -127,6 +127,33 @@ class SegmentEvent:
     position_s: float = 0.0  # seconds of the segment shown (finished only)
     interrupted: bool = False
     latency_s: float | None = None  # started only: first speech sent -> its first frame shown
+    split: SpeechSplit | None = None  # started only: where that latency went (when the chunk's submit time is known)
+
+
+@dataclass(frozen=True)
+class SpeechSplit:
+    """Where a segment's start latency went, on the playout's clock: its first sample sent to generation
+    (`sent_at`) -> the chunk whose window holds it submitted (`submitted_at`; the wait for the next chunk
+    boundary) -> that chunk queued here (`arrived_at`; compute and transfer) -> its first frame with that
+    sample shown (`shown_at`; the jitter buffer). The caller's clock must be the one `push` stamps with."""
+
+    chunk: int  # the chunk's index among the chunks pushed (0 = the first)
+    sent_at: float
+    submitted_at: float
+    arrived_at: float
+    shown_at: float
+
+    @property
+    def boundary_s(self) -> float:
+        return self.submitted_at - self.sent_at
+
+    @property
+    def compute_s(self) -> float:
+        return self.arrived_at - self.submitted_at
+
+    @property
+    def buffer_s(self) -> float:
+        return self.shown_at - self.arrived_at
 
 
 @dataclass(frozen=True)
@@ -180,6 +207,8 @@ class _Chunk:
     pcm: np.ndarray  # (n,) float32
     spans: list[tuple[str | None, int, int]]  # (segment or None for unknown speech, start, end) in pcm
     arrived: float
+    index: int = 0  # chunks pushed before it
+    submitted: float | None = None  # when the generator took its audio (the caller's clock), if known
 
     @property
     def speech(self) -> bool:
@@ -203,6 +232,7 @@ class _Slot:
     frame: np.ndarray | None  # None: hold the last frame
     first_sample: int  # output sample paired with the frame's first line of audio
     plays: list[tuple[str | None, int]] = field(default_factory=list)  # (segment, samples) shown with it
+    chunk: _Chunk | None = None  # the chunk it was cut from (None: a held frame of a stall)
 
 
 def speech_prefix(pcm: np.ndarray) -> int:
@@ -250,6 +280,7 @@ class Playout:
         self._still_at: float | None = None
         self._still_after: float | None = None
         self._deep_since: float | None = None
+        self._pushed = 0
 
     # ----------------------------------------------------------------------------- speech ledger
     def speech_open(self, segment: str) -> None:
@@ -276,8 +307,11 @@ class Playout:
         return self._finish_ready()
 
     # ----------------------------------------------------------------------------- chunks
-    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
-        """Queue a generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 window that made them."""
+    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+             submitted_at: float | None = None) -> None:
+        """Queue a generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 window that made them.
+        `submitted_at`: when the generator took that window (on this playout's clock): segment starts then
+        say where their latency went (`SegmentEvent.split`)."""
         c = self.cfg
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 1:
             raise ValueError(f"frames must be (F, H, W, 3) uint8 with F >= 1, got {frames.shape} {frames.dtype}")
@@ -292,7 +326,8 @@ class Playout:
         now = self.clock()
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
         spans = self._take_speech(speech, now)
-        chunk = _Chunk(frames, len(frames), pcm, spans, now)
+        chunk = _Chunk(frames, len(frames), pcm, spans, now, self._pushed, submitted_at)
+        self._pushed += 1
         if any(owner == CLEARED for owner, _, _ in spans):
             self._skip(chunk)
             chunk.blank()
@@ -448,7 +483,7 @@ class Playout:
                 lo, hi = i * n // f, (i + 1) * n // f
                 plays = [(o, min(hi, s1) - max(lo, s0)) for o, s0, s1 in chunk.spans if min(hi, s1) > max(lo, s0)]
                 frame = None if chunk.frames is None else chunk.frames[i]
-                self._slots.append(_Slot(self._vc + i, frame, self._w + lo, plays))
+                self._slots.append(_Slot(self._vc + i, frame, self._w + lo, plays, chunk))
             self._audio.append(chunk.pcm)
             self._w += n
             self._vc += f
@@ -540,10 +575,17 @@ class Playout:
             if not seg.started:
                 seg.started = True
                 waited = None if seg.first_sent is None else now - seg.first_sent
-                out.append(SegmentEvent("started", seg.id, latency_s=waited))
+                out.append(SegmentEvent("started", seg.id, latency_s=waited, split=self._split(seg, slot, now)))
             seg.played += n
         out.extend(self._finish_ready())
         return out
+
+    @staticmethod
+    def _split(seg: _Segment, slot: _Slot, now: float) -> SpeechSplit | None:
+        chunk = slot.chunk
+        if seg.first_sent is None or chunk is None or chunk.submitted is None:
+            return None
+        return SpeechSplit(chunk.index, seg.first_sent, chunk.submitted, chunk.arrived, now)
 
     def _finish_ready(self) -> list[SegmentEvent]:
         out = []

@@ -5,6 +5,7 @@ turns them into the one frozen config that the scheduler, its slots and its sess
 
     CHARACTERS_PRESET                model preset served (tiny, wan-1.3b, 57b)
     CHARACTERS_TOPOLOGY              topology name (cpu, gpu1, b200x3, h100x4, h100x5)
+    CHARACTERS_PRECISION             the DiT's linear layers: bf16 (default) or fp8 (GPUs of compute capability >= 8.9)
     CHARACTERS_WARM_SLOTS            warm slots to keep (0 on the CPU default)
     CHARACTERS_QUEUE_MAX             requests that may wait for a bundle (0: refuse at once)
     CHARACTERS_QUEUE_TIMEOUT_S       how long a request may wait before it fails
@@ -123,6 +124,7 @@ class EnvVar(Generic[T]):
 
 PRESET = EnvVar("CHARACTERS_PRESET", str, "tiny", "model preset served")
 TOPOLOGY = EnvVar("CHARACTERS_TOPOLOGY", str, "cpu", "topology name")
+PRECISION = EnvVar("CHARACTERS_PRECISION", str, "bf16", "the DiT's linear layers: bf16 or fp8 (GPU bundles only)")
 WARM_SLOTS = EnvVar("CHARACTERS_WARM_SLOTS", int, 0, "warm slots to keep, an integer >= 0")
 QUEUE_MAX = EnvVar("CHARACTERS_QUEUE_MAX", int, 8, "requests that may wait for a bundle, an integer >= 0")
 QUEUE_TIMEOUT_S = EnvVar("CHARACTERS_QUEUE_TIMEOUT_S", float, 30.0, "seconds a request may wait, > 0")
@@ -229,6 +231,12 @@ class ServiceConfig(BaseModel):
     dtype: DType | None = Field(
         default=None, description="Compute dtype; None: bfloat16 on CUDA devices, float32 on CPU (per worker)."
     )
+    precision: Literal["bf16", "fp8"] = Field(
+        default="bf16", description="The DiT's linear layers: bf16, or fp8 (e4m3 weights per output channel, "
+        "activations per token; GPUs of compute capability >= 8.9, GPU bundles only). docs/fp8.md.")
+    attention_precision: Literal["bf16", "fp8"] = Field(
+        default="bf16", description="Attention over the KV cache: bf16 (cuDNN), or fp8 (K/V cached in e4m3, a "
+        "Triton kernel; measured slower on the H200: docs/fp8.md).")
     weights: str | None = Field(
         default=None, description="Weights directory; None: the preset's shipped weights if any, else seeded random; "
         "'random': seeded random weights.")
@@ -251,6 +259,9 @@ class ServiceConfig(BaseModel):
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Chunks in flight: 2 lets the DiT make chunk k+1 while k is decoded."
     )
+    jitter_buffer_chunks: float = Field(
+        default=1.0, ge=0, le=4, description="The output's jitter buffer, in chunk durations: the slack against "
+        "late chunks, paid as latency by every chunk (the first waits this long before playout starts).")
     pacing: Literal["realtime", "unpaced"] = Field(
         default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
         "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")
@@ -266,7 +277,12 @@ class ServiceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ServiceConfig:
-        self.session_config()  # preset, topology and overrides must compose
+        for field in ("precision", "attention_precision"):
+            if getattr(self, field) == "fp8" and self.use_gpus is False:
+                raise ValueError(f"{field}='fp8' needs GPU bundles and use_gpus={self.use_gpus}: FP8 runs only on "
+                                 "GPUs of compute capability >= 8.9; set use_gpus to true (or auto on a GPU cluster) "
+                                 f"or {field}='bf16'")
+        self.session_config()  # preset, topology, precision and overrides must compose
         return self
 
     @property
@@ -276,8 +292,9 @@ class ServiceConfig(BaseModel):
     def session_config(self) -> SessionConfig:
         """The slot-level config every session of this service shares (weights seed, not noise seed)."""
         topo = self.topology if isinstance(self.topology, str) else self.topology.model_dump()
+        model = {"precision": self.precision, "attention_precision": self.attention_precision, **self.model_overrides}
         return session_config(self.preset, topo, seed=self.weights_seed, dtype=self.dtype or "float32",
-                              weights=self.weights, model=dict(self.model_overrides))
+                              weights=self.weights, model=model)
 
     def output_path(self, session_id: str, path: str | None) -> Path:
         """Where a 'file' output goes: `path` under output_dir (default `<session_id>.mp4`), never outside it."""
@@ -307,7 +324,8 @@ class ServiceConfig(BaseModel):
     def from_env(cls, **overrides: Any) -> ServiceConfig:
         """The config from CHARACTERS_* environment variables (see the module docstring), then `overrides`."""
         values: dict[str, Any] = {
-            "preset": PRESET.get(), "topology": TOPOLOGY.get(), "warm_slots": WARM_SLOTS.get(),
+            "preset": PRESET.get(), "topology": TOPOLOGY.get(), "precision": PRECISION.get(),
+            "warm_slots": WARM_SLOTS.get(),
             "queue_max": QUEUE_MAX.get(), "queue_timeout_s": QUEUE_TIMEOUT_S.get(),
             "max_sessions_per_key": MAX_SESSIONS_PER_KEY.get(), "use_gpus": USE_GPUS.get(),
             "transport": TRANSPORT.get(), "output_dir": OUTPUT_DIR.get(),

@@ -61,7 +61,9 @@ class SessionSpec:
 class SessionStats:
     chunks: int = 0
     frames: int = 0
-    fps: float = 0.0  # delivered frames per second over the last few seconds
+    fps: float = 0.0  # generated frames per second over the last few seconds (new frames: a late chunk's held
+    #                   repeats are not counted; 24 when nothing is late)
+    presented_fps: float = 0.0  # frames the output presented per second, held repeats included (LiveKit rooms)
     late_chunks: int = 0
     step_ms_p50: float = 0.0
     step_ms_p95: float = 0.0
@@ -69,6 +71,7 @@ class SessionStats:
     buffer_ms: float = 0.0  # media queued ahead of playout (the jitter buffer's depth), as of the last chunk
     av_offset_ms: float = 0.0  # video minus audio play time at the output (positive: video behind)
     stage_ms: dict[str, float] = field(default_factory=dict)  # chunk stage -> p50 ms (dit, handoff, decode, ...)
+    speech_ms_p50: float = 0.0  # agent speech handed to the session -> its first frame shown (median, LiveKit)
 
 
 @dataclass
@@ -83,6 +86,7 @@ class SessionInfo:
     queue_position: int | None = None
     warm_start: bool | None = None  # took a warm slot (True) or made a new one (False)
     stats: SessionStats = field(default_factory=SessionStats)
+    owner: str | None = None  # the id of the API key that made it (its tenant; deployments.api.auth), or None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -11,19 +11,36 @@ from kernels.attention import (
     available_backends,
     pick_backend,
 )
+from kernels.attention_fp8 import attention_fp8, attention_fp8_ref, attention_fp8_triton
+from kernels.fp8 import FP8, Fp8Act, fp8_linear, fp8_linear_ref, quantize_rows, quantize_rows_ref, quantize_weight
 from kernels.qkv_prep import QKVPrepBackend, qkv_prep, qkv_prep_ref, qkv_prep_triton, rms_norm_ref, rope_ref
+from kernels.qkv_prep_fp8 import qk_scale_bound, qkv_prep_fp8, qkv_prep_fp8_ref, qkv_prep_fp8_triton
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "FP8",
     "AttentionBackend",
+    "Fp8Act",
     "QKVPrepBackend",
     "attention",
+    "attention_fp8",
+    "attention_fp8_ref",
+    "attention_fp8_triton",
     "attention_ref",
     "available_backends",
+    "fp8_linear",
+    "fp8_linear_ref",
     "pick_backend",
+    "qk_scale_bound",
     "qkv_prep",
+    "qkv_prep_fp8",
+    "qkv_prep_fp8_ref",
+    "qkv_prep_fp8_triton",
     "qkv_prep_ref",
     "qkv_prep_triton",
+    "quantize_rows",
+    "quantize_rows_ref",
+    "quantize_weight",
     "rms_norm_ref",
     "rope_ref",
 ]

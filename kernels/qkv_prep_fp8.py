@@ -227,8 +227,8 @@ def qkv_prep_fp8_triton(
             vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2),
             v_scale.stride(0), v_scale.stride(1),
             float(eps), math.sqrt(dh) / FP8_MAX,
-            HEAD_DIM=dh, BLOCK_D=next_power_of_2(dh), BLOCK_T=block_t, OFFSET_FROM_PTR=from_ptr, INTERPRET=interpreter_enabled(),
-            num_warps=num_warps,
+            HEAD_DIM=dh, BLOCK_D=next_power_of_2(dh), BLOCK_T=block_t, OFFSET_FROM_PTR=from_ptr,
+            INTERPRET=interpreter_enabled(), num_warps=num_warps,
         )  # fmt: skip
     return out
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -241,15 +242,250 @@ async def run(server: LiveKitServer, args: argparse.Namespace) -> dict[str, Any]
     }
 
 
+# ------------------------------------------------------------------------------------------ the Ray pipeline
+
+SCRIPT = ["Hello there, it is good to see you.", "I can answer that in a moment.", "Let me think about it.",
+          "The weather today is bright and clear.", "Yes, that is exactly right.", "Thank you for asking."]
+
+
+def espeak(text: str) -> np.ndarray:
+    """The stand-in TTS: espeak-ng's speech for `text`, as int16 mono 16 kHz (what a TTS plugin hands the agent)."""
+    import subprocess
+
+    wav = subprocess.run(["espeak-ng", "-s", "170", "--stdout", text], capture_output=True, check=True, timeout=30)
+    import io
+    import wave
+
+    with wave.open(io.BytesIO(wav.stdout)) as w:
+        pcm, rate = np.frombuffer(w.readframes(w.getnframes()), np.int16), w.getframerate()
+    return to_int16(convert_pcm(pcm16_to_float(pcm.tobytes()), rate, 1))
+
+
+def kv(detail: str | None) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in (detail or "").split() if "=" in part)
+
+
+def onset(times: list[float], values: list[float], after: float, threshold: float) -> float | None:
+    """The first time at or after `after` whose value exceeds `threshold`."""
+    return next((t for t, v in zip(times, values, strict=True) if t >= after and v > threshold), None)
+
+
+async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, scheduler: Any) -> dict[str, Any]:
+    """One session of the real pipeline (Serve ingress, scheduler, warm slot, compiled graph, room worker) in
+    a room on `server`; an agent speaking espeak-ng utterances through DataStreamAudioOutput; a plain viewer."""
+    import urllib.request
+
+    from characters.media import SAMPLE_IMAGE
+
+    room_name = "bench-ray"
+    body = {"avatar": {"image": __import__("base64").b64encode(SAMPLE_IMAGE.read_bytes()).decode()},
+            "maxDuration": 600, "output": {"kind": "livekit", "url": server.url, "roomName": room_name,
+                                           "apiKey": server.api_key, "apiSecret": server.api_secret,
+                                           "identity": AVATAR, "agentIdentity": AGENT}}
+
+    def post() -> dict[str, Any]:
+        req = urllib.request.Request(f"{base}/v1/sessions", data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return dict(json.loads(resp.read()))
+
+    def get(path: str, method: str = "GET") -> dict[str, Any]:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}{path}", method=method), timeout=60) as resp:
+            return dict(json.loads(resp.read()))
+
+    def tok(identity: str, kind: Any = None) -> str:
+        t = (api.AccessToken(server.api_key, server.api_secret).with_identity(identity)
+             .with_grants(api.VideoGrants(room_join=True, room=room_name)))
+        return (t.with_kind(kind) if kind else t).to_jwt()
+
+    agent, viewer = rtc.Room(), rtc.Room()
+    audio_t: list[float] = []
+    audio_rms: list[float] = []
+    video_t: list[float] = []
+    video_motion: list[float] = []
+    streams: list[Any] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def watch_video(stream: rtc.VideoStream) -> None:
+        prev: np.ndarray | None = None
+        async for ev in stream:
+            f = ev.frame
+            luma = np.frombuffer(f.data, np.uint8)[: f.width * f.height].astype(np.int16)
+            video_t.append(time.monotonic())
+            video_motion.append(0.0 if prev is None or prev.size != luma.size else float(np.abs(luma - prev).mean()))
+            prev = luma
+
+    async def watch_audio(stream: rtc.AudioStream) -> None:
+        async for ev in stream:
+            a = np.frombuffer(ev.frame.data, np.int16).astype(np.float64) / 32768
+            audio_t.append(time.monotonic())
+            audio_rms.append(float(np.sqrt(np.mean(a * a))) if a.size else 0.0)
+
+    def on_track(track: rtc.Track, *_: Any) -> None:
+        if track.kind == rtc.TrackKind.KIND_VIDEO:
+            streams.append(rtc.VideoStream(track))
+            tasks.append(asyncio.create_task(watch_video(streams[-1])))
+        else:
+            streams.append(rtc.AudioStream(track, sample_rate=SR, num_channels=1))
+            tasks.append(asyncio.create_task(watch_audio(streams[-1])))
+
+    viewer.on("track_subscribed", on_track)
+    await agent.connect(server.url, tok(AGENT, "agent"))
+    await viewer.connect(server.url, tok("viewer"))
+    created = await asyncio.to_thread(post)
+    sid = created["id"]
+    t_req = time.monotonic()
+    output = DataStreamAudioOutput(agent, destination_identity=AVATAR, sample_rate=SR,
+                                   wait_remote_track=rtc.TrackKind.KIND_VIDEO, wait_playback_start=True)
+    utterances = [espeak(SCRIPT[i % len(SCRIPT)]) for i in range(args.utterances)]  # made ahead: TTS is not timed
+    while len(video_t) < 24:  # the character is in the room, its video reaches the viewer
+        await asyncio.sleep(0.1)
+    t_joined = time.monotonic() - t_req
+    await asyncio.sleep(2.0)  # idle video, for the motion baseline
+    t_run = time.monotonic()
+    first_sample: list[float] = []
+    for pcm in utterances:
+        first_sample.append(time.monotonic())  # the first sample is pushed now
+        for j in range(0, pcm.size, 320):  # 20 ms frames, as fast as the output takes them (a TTS does too)
+            piece = pcm[j:j + 320]
+            await output.capture_frame(rtc.AudioFrame(piece.tobytes(), SR, 1, piece.size))
+        output.flush()
+        await asyncio.wait_for(output.wait_for_playout(), 60)
+        await asyncio.sleep(args.pause_s)
+    t_end = time.monotonic()
+    info = await asyncio.to_thread(get, f"/v1/sessions/{sid}")
+    events: list[Any] = []
+    seq = 0
+    while batch := await scheduler.events.remote(sid, seq, 0.5):
+        events += batch
+        seq = batch[-1].seq
+    await asyncio.to_thread(get, f"/v1/sessions/{sid}", "DELETE")
+    for s in streams:
+        await s.aclose()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await agent.disconnect()
+    await viewer.disconnect()
+
+    chunks = {e.chunk: kv(e.detail) for e in events if e.kind == "chunk"}
+    starts = [kv(e.detail) for e in events if e.kind == "playback_started"]
+    idle = [m for t, m in zip(video_t, video_motion, strict=True) if t_run - 2.0 <= t < t_run]
+    motion_threshold = 2.0 * float(np.percentile(idle, 95)) if idle else 1.0
+    rows = []
+    for i, t_first in enumerate(first_sample):
+        if i >= len(starts) or "shown_at" not in starts[i]:
+            continue
+        st = starts[i]
+        shown_at, latency = float(st["shown_at"]), float(st["latency_ms"]) / 1e3
+        heard = onset(audio_t, audio_rms, t_first, 0.01)
+        seen = onset(video_t, video_motion, t_first, motion_threshold)
+        ch = chunks.get(int(st["chunk"]), {})
+        compute = (float(ch.get("dit_ms", 0)) + float(ch.get("decode_ms", 0))) / 1e3
+        in_transit = float(st["compute_ms"]) / 1e3
+        rows.append({
+            "total_s": None if heard is None else heard - t_first,
+            "agent_to_room_s": shown_at - latency - t_first,
+            "boundary_s": float(st["boundary_ms"]) / 1e3,
+            "compute_s": compute,
+            "in_flight_s": in_transit - compute,
+            "buffer_s": float(st["buffer_ms"]) / 1e3,
+            "network_s": None if heard is None else heard - shown_at,
+            "video_minus_audio_s": None if heard is None or seen is None else seen - heard,
+            "chunk": int(st["chunk"]),
+        })
+    stats = info["stats"]
+
+    def summary(key: str) -> dict[str, float | None]:
+        xs = [r[key] for r in rows if r[key] is not None]
+        return {"p50": pct(xs, 50), "p95": pct(xs, 95), "n": len(xs)}
+
+    keys = ("total_s", "agent_to_room_s", "boundary_s", "compute_s", "in_flight_s", "buffer_s", "network_s",
+            "video_minus_audio_s")
+    run_s = t_end - t_run
+    return {
+        "generator": "ray", "utterances": args.utterances, "split": {k: summary(k) for k in keys}, "rows": rows,
+        "joined_after_request_s": t_joined,
+        "viewer_fps": sum(t_run <= t < t_end for t in video_t) / run_s,
+        "generated_fps": stats["fps"], "presented_fps": stats["presentedFps"], "late_chunks": stats["lateChunks"],
+        "chunks": stats["chunks"], "stage_ms": stats["stageMs"], "speech_ms_p50": stats["speechMsP50"],
+        "video_share_s": VIDEO_SHARE_S, "duration_s": run_s,
+        "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth,
+    }
+
+
+def main_ray(args: argparse.Namespace) -> dict[str, Any]:
+    import socket
+
+    from ray import serve
+
+    from deployments.api.app import APP_NAME, build_app, connect_scheduler
+    from deployments.sessions.cluster import init_local, stop_local
+    from deployments.settings import ServiceConfig
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    service_args = {"warm_slots": 1, "pipeline_depth": args.depth, "jitter_buffer_chunks": args.jitter_buffer}
+    with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
+        init_local()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build_app({"service": service_args}), name=APP_NAME, route_prefix="/")
+            scheduler = connect_scheduler(ServiceConfig.from_env(**service_args))
+            import ray
+
+            deadline = time.monotonic() + 300
+            while ray.get(scheduler.capacity.remote()).warm_slots_free < 1 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            return asyncio.run(run_ray(server, args, f"http://127.0.0.1:{port}", scheduler))
+        finally:
+            serve.shutdown()
+            stop_local()
+
+
+def print_ray(result: dict[str, Any]) -> None:
+    sp = result["split"]
+    print(f"ray pipeline: {result['utterances']} utterances over {result['duration_s']:.1f} s; the character joined "
+          f"{result['joined_after_request_s']:.2f} s after the request")
+    print(f"{'agent speech -> the viewer (s)':<44}{'p50':>9}{'p95':>9}")
+    names = {"total_s": "first sample -> heard at the viewer", "agent_to_room_s": "  agent -> the room worker",
+             "boundary_s": "  wait for the next chunk boundary", "compute_s": "  compute (DiT + decode)",
+             "in_flight_s": "  in flight (queued behind chunks, transfer)", "buffer_s": "  jitter buffer",
+             "network_s": "  publish -> viewer (audio queue, WebRTC)",
+             "video_minus_audio_s": "video change - audio onset at the viewer"}
+    for k, name in names.items():
+        p50, p95 = (float("nan") if sp[k][q] is None else sp[k][q] for q in ("p50", "p95"))
+        print(f"{name:<44}{p50:>9.3f}{p95:>9.3f}")
+    print(f"viewer {result['viewer_fps']:.2f} fps; server generated {result['generated_fps']:.2f} fps, presented "
+          f"{result['presented_fps']:.2f}; late chunks {result['late_chunks']} of {result['chunks']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--generator", choices=["tiny", "synthetic"], default="tiny")
+    ap.add_argument("--generator", choices=["ray", "tiny", "synthetic"], default="ray",
+                    help="ray: the real pipeline (Serve, scheduler, warm slot, compiled graph, room worker); tiny / "
+                         "synthetic: an in-process chunk loop")
+    ap.add_argument("--jitter-buffer", type=float, default=1.0, help="ray: the output's jitter buffer, chunks")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")
     ap.add_argument("--utterances", type=int, default=10)
     ap.add_argument("--utterance-s", type=float, default=1.5)
     ap.add_argument("--pause-s", type=float, default=0.5)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_cpu.json")
     args = ap.parse_args()
+    if args.generator == "ray":
+        result = main_ray(args)
+        result["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
+                             "cpu": platform.processor() or "unknown", "cores": len(os.sched_getaffinity(0)),
+                             "loadavg_end": os.getloadavg()}
+        result["command"] = " ".join(sys.argv)
+        print_ray(result)
+        out = args.out if args.out != ROOT / "benchmarks" / "latency_cpu.json" else \
+            ROOT / "benchmarks" / "latency_cpu_ray.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}")
+        return
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
         result = asyncio.run(run(server, args))
     result["machine"] = {"platform": platform.platform(), "python": platform.python_version()}

@@ -12,11 +12,14 @@ extra=""
 echo "setup.sh: installing the project into .venv (editable${extra:+, with the dev tools})" >&2
 # setuptools tells every editable install that same-named folders may shadow the package: it is the point here.
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".${extra}"
-# The watch page (web/ -> deployments/api/watch_page/) and, for its browser test, Debian's Chromium.
+# The watch page (web/ -> deployments/api/watch_page/) and, for its browser test, Debian's Chromium; with --dev
+# also the npm projects and espeak-ng of the client tests.
 if [ -n "$extra" ]; then
     scripts/build_web.sh
     scripts/install_chromium.sh
     scripts/install_otelcol.sh >/dev/null  # the collector the telemetry test runs the shipped config on
+    scripts/build_examples.sh   # examples/web (the React call page) and tests/clients/node (the Runway Node SDK)
+    scripts/install_espeak.sh   # the voice agent example's stand-in TTS
 else
     scripts/build_web.sh || echo "setup.sh: the watch page (/watch/) is not built; the API works without it" >&2
 fi

@@ -22,6 +22,11 @@ Speed: the policy scans every node it is given. Nodes with identical free resour
 except for best fit's node_id tie-break, so each call gets, per class of identical nodes, the k smallest
 ids, k = min(queue length + 1, free bundles in the fleet): no call admits more than k sessions, so this is
 exactly the decision the full ledger gives (tests/unit/test_fleet_sim.py checks it against the full ledger).
+
+Per session (printed first, `per_session` in the JSON): each topology's GPUs, sessions per 8-GPU node, and the
+`57b` DiT rank's compute per chunk in bf16 and with FP8 linear layers: the FLOP floor at the H200's measured
+rates (`characters.flops`) and the rank step measured on the H200 (benchmarks/h200/step_57b_tp*_fp8.json,
+sequence parallel, communication excluded), against the 166.7 ms chunk budget.
 """
 
 from __future__ import annotations
@@ -433,6 +438,49 @@ class Simulation:
                 return t
 
 
+MEASURED = {3: "step_57b_tp3_fp8.json", 4: "step_57b_tp4_fp8.json", 2: "step_57b_tp2_fp8.json"}
+
+
+def per_session(topologies: Sequence[str], gpus_per_node: int = 8) -> list[dict[str, Any]]:
+    """What one 57b session costs on each topology, and whether its DiT rank's compute fits the chunk budget."""
+    from characters.config import session_config
+    from characters.flops import H200_BF16_RATE, H200_FP8_RATE, chunk_cost
+
+    rows = []
+    for name in topologies:
+        topo = TOPOLOGIES[name]
+        cost = chunk_cost(session_config("57b", name))
+        measured: dict[str, float | None] = {"bf16": None, "fp8": None}
+        path = REPO / "benchmarks" / "h200" / MEASURED.get(topo.dit_ranks, "-")
+        if path.is_file():
+            for r in json.loads(path.read_text())["rows"]:
+                if r.get("layout") == "sp" and r.get("attention_precision") == "bf16" and "ms_p50" in r:
+                    measured[r["precision"]] = r["ms_p50"]
+        rows.append({"topology": name, "dit_ranks": topo.dit_ranks, "gpus": topo.gpus,
+                     "sessions_per_node": gpus_per_node // topo.gpus,
+                     "idle_gpus_per_node": gpus_per_node % topo.gpus,
+                     "floor_ms_bf16": cost.floor_ms(H200_BF16_RATE),
+                     "floor_ms_fp8": cost.floor_ms(H200_BF16_RATE, H200_FP8_RATE),
+                     "measured_ms_bf16": measured["bf16"], "measured_ms_fp8": measured["fp8"],
+                     "budget_ms": 1000 * 4 / 24,
+                     "measured_from": str(path.relative_to(REPO)) if path.is_file() else None})
+    return rows
+
+
+def print_per_session(rows: list[dict[str, Any]]) -> None:
+    def ms(x: float | None) -> str:
+        return f"{x:.1f}" if x is not None else "-"
+
+    print("57b per session: DiT rank compute per chunk (ms; floor at H200 rates / measured on the H200, sequence "
+          "parallel, communication excluded), budget 166.7 ms")
+    print(f"{'topology':8} {'DiT+dec':>7} {'per 8-GPU node':>14} {'floor bf16':>10} {'floor fp8':>9} "
+          f"{'meas. bf16':>10} {'meas. fp8':>9}")
+    for r in rows:
+        print(f"{r['topology']:8} {r['dit_ranks']:>4}+1 {r['sessions_per_node']:>6} ({r['idle_gpus_per_node']} idle) "
+              f"{ms(r['floor_ms_bf16']):>10} {ms(r['floor_ms_fp8']):>9} {ms(r['measured_ms_bf16']):>10} "
+              f"{ms(r['measured_ms_fp8']):>9}")
+
+
 def simulate(fleet: Fleet, demand: Demand, *, check: bool = False) -> Result:
     return Simulation(fleet, demand, check=check).run()
 
@@ -457,7 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "fleet_sim.json")
+    p.add_argument("--per-session-only", action="store_true", help="print the per-session table and stop")
     a = p.parse_args(argv)
+    sessions = per_session(a.topologies)
+    print_per_session(sessions)
+    if a.per_session_only:
+        return 0
 
     demand = Demand(peak_sessions=a.peak_sessions, horizon_s=a.hours * 3600, seed=a.seed)
     runs = [
@@ -489,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"nodes": a.nodes, "hours": a.hours, "demand": asdict(demand), "mean_session_s": demand.mean_s,
                    "fleet_defaults": asdict(runs[0][0]) | {"topology": None, "mode": None}},
         "wall_s": wall,
+        "per_session": sessions,
         "results": results,
     }, indent=2) + "\n")
     print(f"wrote {a.out.relative_to(REPO) if a.out.is_relative_to(REPO) else a.out}")

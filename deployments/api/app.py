@@ -30,7 +30,6 @@ import asyncio
 import logging
 from typing import Any
 
-import numpy as np
 import ray
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,13 +41,14 @@ from ray.serve.deployment import Deployment
 
 from deployments import telemetry
 from deployments.api.auth import ApiKeys
-from deployments.api.avatars import Avatar, AvatarRegistry, AvatarStore
+from deployments.api.avatars import AvatarRegistry, AvatarStore
 from deployments.api.errors import ApiError, ErrorCode
 from deployments.api.frontend import SessionFrontend
 from deployments.api.grpc_service import GRPC_SERVICER_FUNCTIONS, CharactersGrpc
 from deployments.api.http import build_http_app
+from deployments.api.realtime import RealtimeBook, RealtimeRegistry
 from deployments.api.requests import ApiConfig
-from deployments.api.watch import add_watch_routes
+from deployments.api.watch import WatchSettings, add_watch_routes
 from deployments.settings import ServiceConfig
 from deployments.telemetry import http as telemetry_http
 from deployments.types import (
@@ -135,77 +135,101 @@ class ActorScheduler:
         await self._call("set_draining", draining)
 
 
-# ------------------------------------------------------------------------------------------ avatars
-# One avatar registry for the whole service: `/v1/avatars` held by a detached, named Ray actor. Every ingress
-# replica's `SessionFrontend.avatars` is a `SharedAvatars`, so an avatar registered through one replica is found
-# by every other. The actor restarts empty if its process dies (registrations are not persisted: clients
-# register again, as after a service restart); unreachable, calls answer 503 with Retry-After.
+# ----------------------------------------------------------------------------------- shared state
+# What every ingress replica must see alike: the avatars (`/v1/avatars`) and the Runway sessions' keys, held by
+# one detached, named Ray actor. Every replica's `SessionFrontend.avatars` / `.realtime` send their calls to it,
+# so an avatar created, or a session key shown, through one replica is found through every other. The actor
+# restarts empty if its process dies (nothing is persisted: clients create avatars again, as after a service
+# restart); unreachable, calls answer 503 with Retry-After.
 
-AVATARS_ACTOR = "avatars"
-AVATARS_RETRY_AFTER_S = 2.0
+SHARED_ACTOR = "runway-state"
+SHARED_RETRY_AFTER_S = 2.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
-class AvatarStoreActor:
+class SharedStateActor:
     def __init__(self, max_avatars: int) -> None:
-        self.store = AvatarStore(max_avatars)
+        self.parts: dict[str, Any] = {"avatars": AvatarStore(max_avatars), "realtime": RealtimeBook()}
 
-    def add(self, image: np.ndarray, name: str | None, now: float) -> Avatar | None:
-        return self.store.add(image, name, now)
-
-    def get(self, avatar_id: str) -> Avatar | None:
-        return self.store.get(avatar_id)
-
-    def delete(self, avatar_id: str) -> bool:
-        return self.store.delete(avatar_id)
+    def call(self, part: str, method: str, *args: Any) -> Any:
+        if method.startswith("_"):
+            raise ValueError(f"{method!r} is not a method of the shared {part}")
+        return getattr(self.parts[part], method)(*args)
 
 
-class SharedAvatars(AvatarRegistry):
-    """`AvatarRegistry` over the service's one `AvatarStoreActor` (created by the first replica to ask)."""
+class SharedState:
+    """This replica's handle to the service's one `SharedStateActor` (created by the first replica to ask)."""
 
     def __init__(self, max_avatars: int = 256) -> None:
-        super().__init__(max_avatars)
+        self.max_avatars = max_avatars
         self._actor: Any = None
 
     def _handle(self) -> Any:
         if self._actor is None:
-            self._actor = AvatarStoreActor.options(  # type: ignore[attr-defined]
-                name=AVATARS_ACTOR, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            self._actor = SharedStateActor.options(  # type: ignore[attr-defined]
+                name=SHARED_ACTOR, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
             ).remote(self.max_avatars)
         return self._actor
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def call(self, part: str, method: str, *args: Any) -> Any:
         try:
-            return await getattr(self._handle(), method).remote(*args)
+            return await self._handle().call.remote(part, method, *args)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
             self._actor = None  # look it up (or create it) again next time
-            raise ApiError(503, "avatar_registry_unavailable", "the avatar registry is not reachable "
-                           f"({type(e).__name__}); retry in {AVATARS_RETRY_AFTER_S:g} s",
-                           retry_after_s=AVATARS_RETRY_AFTER_S) from e
+            raise ApiError(503, "shared_state_unavailable", f"the service's shared {part} registry is not reachable "
+                           f"({type(e).__name__}); retry in {SHARED_RETRY_AFTER_S:g} s",
+                           retry_after_s=SHARED_RETRY_AFTER_S) from e
 
-    async def _add(self, image: np.ndarray, name: str | None, now: float) -> Avatar | None:
-        return await self._call("add", image, name, now)
 
-    async def _get(self, avatar_id: str) -> Avatar | None:
-        return await self._call("get", avatar_id)
+class SharedAvatars(AvatarRegistry):
+    """`AvatarRegistry` over the shared actor."""
 
-    async def _delete(self, avatar_id: str) -> bool:
-        return await self._call("delete", avatar_id)
+    def __init__(self, shared: SharedState) -> None:
+        super().__init__(shared.max_avatars)
+        self._shared = shared
+
+    async def _store_call(self, method: str, *args: Any) -> Any:
+        return await self._shared.call("avatars", method, *args)
+
+
+class SharedRealtime(RealtimeRegistry):
+    """`RealtimeRegistry` over the shared actor."""
+
+    def __init__(self, shared: SharedState) -> None:
+        super().__init__()
+        self._shared = shared
+
+    async def _book_call(self, method: str, *args: Any) -> Any:
+        return await self._shared.call("realtime", method, *args)
+
+
+def log_like_serve() -> None:
+    """Our `deployments.*` INFO lines (e.g. the Runway clients' User-Agents) go where Serve's own go: the
+    replica's log file and, through Ray, the driver's output. Without this they stop at Python's default."""
+    ours, serve_log = logging.getLogger("deployments"), logging.getLogger("ray.serve")
+    if serve_log.handlers and not ours.handlers:
+        for handler in serve_log.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
 
 
 class _Ingress(CharactersGrpc):
     """HTTP routes (built per replica by `__serve_build_asgi_app__`) and the gRPC methods, over one frontend."""
 
     def __init__(self, service: ServiceConfig, api: ApiConfig) -> None:
+        log_like_serve()
         self.telemetry = telemetry.setup("ingress")  # OTEL_* of this replica's process (off by default)
         self.keys = ApiKeys.from_env()
         self.scheduler = ActorScheduler(service)
-        self.frontend = SessionFrontend(self.scheduler, api, SharedAvatars())  # avatars shared by all replicas
+        shared = SharedState()  # avatars and session keys: one for all replicas
+        self.frontend = SessionFrontend(self.scheduler, api, SharedAvatars(shared), SharedRealtime(shared))
+        self.livekit = WatchSettings.from_env()  # the service's own LiveKit server
         logger.info("characters ingress: preset %s, API keys %s", service.preset,
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        app = add_watch_routes(build_http_app(self.frontend, self.keys), self.frontend)  # + the watch page
+        app = add_watch_routes(build_http_app(self.frontend, self.keys, self.livekit), self.frontend, self.livekit)
         return telemetry_http.install(app)  # request spans, outermost
 
     async def reconfigure(self, config: dict[str, Any]) -> None:

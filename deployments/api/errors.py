@@ -15,7 +15,13 @@ machine-readable (the table below); `message` says what was wrong, the value or 
 | missing_api_key         | 401  | UNAUTHENTICATED    | keys are configured and no Bearer key was sent          |
 | invalid_api_key         | 401  | UNAUTHENTICATED    | the Bearer key is not one of the configured keys        |
 | not_found               | 404  | -                  | no such route                                           |
-| session_not_found       | 404  | NOT_FOUND          | no session with that id                                 |
+| session_not_found       | 404  | NOT_FOUND          | no session with that id (or another API key's)          |
+| avatar_not_found        | 404  | -                  | no avatar with that id (or another API key's); 422 when |
+|                         |      |                    | a request field names it                                |
+| avatar_not_ready        | 422  | -                  | a session asks for an avatar not READY                  |
+| missing_session_key,    | 401  | -                  | consume without, or with a wrong / used / expired,      |
+|  invalid_session_key    |      |                    | session key                                             |
+| session_not_ready       | 409  | -                  | consume of a session not READY                          |
 | method_not_allowed      | 405  | -                  | the route exists but not with this method               |
 | quota_exceeded          | 429  | RESOURCE_EXHAUSTED | the API key has CHARACTERS_MAX_SESSIONS_PER_KEY live    |
 |                         |      |                    | sessions; carries Retry-After                           |
@@ -77,11 +83,12 @@ class ApiError(Exception):
     """A refusal with its HTTP status, code, message and field; `retry_after_s` adds Retry-After."""
 
     def __init__(
-        self, status: int, code: str, message: str, field: str | None = None, retry_after_s: float | None = None
+        self, status: int, code: str, message: str, field: str | None = None, retry_after_s: float | None = None,
+        no_retry: bool = False,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
-        self.retry_after_s = retry_after_s
+        self.retry_after_s, self.no_retry = retry_after_s, no_retry
 
     @property
     def headers(self) -> dict[str, str]:
@@ -90,6 +97,8 @@ class ApiError(Exception):
             out["Retry-After"] = str(retry_after_header(self.retry_after_s))
         if self.status == 401:
             out["WWW-Authenticate"] = "Bearer"
+        if self.no_retry:  # the Runway SDKs retry 5xx unless told not to (a configuration error stays one)
+            out["x-should-retry"] = "false"
         return out
 
     def body(self) -> dict[str, Any]:
@@ -246,6 +255,7 @@ def install_error_handlers(app: FastAPI) -> None:
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries documenting the error body (and Retry-After) for these statuses."""
     text = {400: "Malformed JSON", 401: "Missing or wrong API key", 404: "Unknown session",
+            409: "Not in a state for it",
             413: "Body or image over the size limits", 422: "Invalid field",
             429: "The API key's live-session quota is used up (with Retry-After)",
             503: "No capacity (with Retry-After) or scheduler unavailable", 500: "Internal error"}

@@ -3,6 +3,12 @@ page): validation into a `SessionSpec`, the scheduler's calls, and its refusals 
 
 It takes any object with the scheduler's async interface (`Scheduler`), so tests drive it without Ray;
 the Serve deployment (`deployments.api.app`) passes the scheduler actor behind that interface.
+
+Tenancy is applied here, for every front door alike: each call names its `Caller` (deployments.api.auth), a
+session belongs to the key that made it (`SessionInfo.owner`), and another tenant's session is answered
+exactly as an unknown one (404 `session_not_found`), so ids do not leak; lists hold the caller's own
+sessions; an operator key sees every tenant's. A session's owner never changes, so the owners this replica
+has seen are kept (bounded) and feeding audio costs no extra scheduler call.
 """
 
 from __future__ import annotations
@@ -10,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import uuid
+from collections import OrderedDict
 from typing import Any, Protocol, cast
 
+from deployments.api.auth import Caller
 from deployments.api.avatars import AvatarRegistry
 from deployments.api.errors import ApiError, ErrorCode
+from deployments.api.realtime import RealtimeRegistry
 from deployments.api.requests import ApiConfig, check_session_id, load_avatar
 from deployments.api.schemas import OutputIn, SessionOptions
 from deployments.livekit.config import LiveKitConfigError, LiveKitOutput
@@ -66,13 +75,20 @@ def output_spec(out: OutputIn, config: ApiConfig) -> OutputSpec:
     return OutputSpec(kind="file", path=path)
 
 
-class SessionFrontend:
-    """Validation and scheduler calls shared by the HTTP and gRPC front doors."""
+OWNERS_KEPT = 4096  # session id -> owner entries a replica remembers (owners never change)
 
-    def __init__(self, scheduler: Scheduler, config: ApiConfig, avatars: AvatarRegistry | None = None) -> None:
+
+class SessionFrontend:
+    """Validation and scheduler calls shared by the HTTP and gRPC front doors, scoped to the caller."""
+
+    def __init__(self, scheduler: Scheduler, config: ApiConfig, avatars: AvatarRegistry | None = None,
+                 realtime: RealtimeRegistry | None = None) -> None:
         self.scheduler, self.config = scheduler, config
-        # POST /v1/avatars: in this process by default; Serve passes the service-wide one (deployments.api.avatars)
+        # /v1/avatars and the Runway sessions' keys: in this process by default; Serve passes the service-wide ones
+        # (one shared actor: deployments.api.app), so every ingress replica sees the same
         self.avatars = avatars or AvatarRegistry()
+        self.realtime = realtime or RealtimeRegistry()
+        self._owners: OrderedDict[str, str | None] = OrderedDict()
 
     def resolve_preset(self, preset: str | None) -> str:
         name = preset or self.config.presets[0]
@@ -83,7 +99,8 @@ class SessionFrontend:
         return name
 
     async def create(self, options: SessionOptions, image: bytes, api_key_id: str | None = None,
-                     trace_context: dict[str, str] | None = None) -> SessionInfo:
+                     trace_context: dict[str, str] | None = None, session_id: str | None = None) -> SessionInfo:
+        """Start a session owned by `api_key_id` (`session_id`: chosen by the caller, e.g. to name its room)."""
         preset = self.resolve_preset(options.preset)
         if options.max_duration > self.config.max_duration_s:
             raise ApiError(422, ErrorCode.INVALID_FIELD,
@@ -91,28 +108,53 @@ class SessionFrontend:
                            "s; ask for less and start a new session when it ends", "maxDuration")
         output = output_spec(options.output, self.config)
         pixels = await asyncio.to_thread(load_avatar, image, preset, self.config)
-        spec = SessionSpec(session_id=uuid.uuid4().hex, image=pixels, preset=preset,
+        spec = SessionSpec(session_id=session_id or uuid.uuid4().hex, image=pixels, preset=preset,
                            max_duration_s=float(options.max_duration), output=output, seed=options.seed,
                            recover=options.recover, api_key_id=api_key_id, trace_context=dict(trace_context or {}))
-        return await self._call(self.scheduler.create_session(spec))
+        return await self.submit(spec)
 
     async def submit(self, spec: SessionSpec) -> SessionInfo:
         """Hand an already validated spec to the scheduler (the Runway-compatible routes build their own)."""
-        return await self._call(self.scheduler.create_session(spec))
+        self._remember(spec.session_id, spec.api_key_id)
+        return self._seen(await self._call(self.scheduler.create_session(spec)))
 
-    async def get(self, session_id: str) -> SessionInfo:
-        return await self._call(self.scheduler.get_session(check_session_id(session_id)))
+    async def get(self, session_id: str, caller: Caller) -> SessionInfo:
+        """The session, if `caller` may see it; another tenant's is 404 as an unknown one is."""
+        info = self._seen(await self._call(self.scheduler.get_session(check_session_id(session_id))))
+        if not caller.owns(info.owner):
+            raise _not_found(session_id)
+        return info
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        return await self._call(self.scheduler.list_sessions())
+    async def list_sessions(self, caller: Caller) -> list[SessionInfo]:
+        return [self._seen(s) for s in await self._call(self.scheduler.list_sessions()) if caller.owns(s.owner)]
 
-    async def end(self, session_id: str, reason: str = "deleted") -> SessionInfo:
-        return await self._call(self.scheduler.end_session(check_session_id(session_id), reason))
+    async def end(self, session_id: str, caller: Caller, reason: str = "deleted") -> SessionInfo:
+        await self.check_owner(session_id, caller)
+        return self._seen(await self._call(self.scheduler.end_session(session_id, reason)))
+
+    async def check_owner(self, session_id: str, caller: Caller) -> None:
+        """404 unless the session exists and `caller` may act on it (a remembered owner costs no call)."""
+        check_session_id(session_id)
+        if session_id in self._owners:
+            if not caller.owns(self._owners[session_id]):
+                raise _not_found(session_id)
+            return
+        await self.get(session_id, caller)
+
+    def _remember(self, session_id: str, owner: str | None) -> None:
+        self._owners[session_id] = owner
+        self._owners.move_to_end(session_id)
+        while len(self._owners) > OWNERS_KEPT:
+            self._owners.popitem(last=False)
+
+    def _seen(self, info: SessionInfo) -> SessionInfo:
+        self._remember(info.id, info.owner)
+        return info
 
     async def capacity(self) -> Capacity:
         return await self._call(self.scheduler.capacity())
 
-    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
+    async def push_audio(self, session_id: str, caller: Caller, pcm: bytes, sample_rate: int, channels: int) -> None:
         if not 8000 <= sample_rate <= 48000:
             raise ApiError(422, ErrorCode.INVALID_FIELD, f"is {sample_rate}; send PCM at 8000..48000 Hz",
                            "sample_rate")
@@ -126,12 +168,15 @@ class SessionFrontend:
             raise ApiError(422, ErrorCode.INVALID_FIELD,
                            f"is {len(pcm)} bytes, not whole 16-bit frames of {channels} channel(s) "
                            f"({2 * channels} bytes each); send signed 16-bit little-endian PCM", "pcm")
+        await self.check_owner(session_id, caller)
         await self._call(self.scheduler.push_audio(session_id, pcm, sample_rate, channels))
 
-    async def clear_audio(self, session_id: str) -> None:
+    async def clear_audio(self, session_id: str, caller: Caller) -> None:
+        await self.check_owner(session_id, caller)
         await self._call(self.scheduler.clear_audio(session_id))
 
-    async def events(self, session_id: str, after_seq: int) -> list[SessionEvent]:
+    async def events(self, session_id: str, caller: Caller, after_seq: int) -> list[SessionEvent]:
+        await self.check_owner(session_id, caller)
         return await self._call(self.scheduler.events(session_id, after_seq, self.config.events_wait_s))
 
     @staticmethod
@@ -143,4 +188,9 @@ class SessionFrontend:
             raise ApiError(status, e.code or ErrorCode.NO_CAPACITY, f"{e.args[0] if e.args else e}; retry after "
                            f"{e.retry_after_s:g} s", retry_after_s=e.retry_after_s) from e
         except UnknownSession as e:
-            raise ApiError(404, ErrorCode.SESSION_NOT_FOUND, f"no session with id {e.session_id!r}", "id") from e
+            raise _not_found(e.session_id) from e
+
+
+def _not_found(session_id: str) -> ApiError:
+    """The one answer for an unknown session and for another tenant's (so ids do not leak)."""
+    return ApiError(404, ErrorCode.SESSION_NOT_FOUND, f"no session with id {session_id[:128]!r}", "id")

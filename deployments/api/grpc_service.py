@@ -9,6 +9,9 @@ their `SessionFrontend`. The proxy is set up cluster-wide, at `serve.start` or i
 `[::]:<port>` (Serve has no host option for gRPC), so bind-to-loopback needs a firewall or
 network policy there.
 
+Tenancy as over HTTP (`deployments.api.frontend`): a key reads, lists, feeds and ends only its own sessions
+(NOT_FOUND for another's), an operator key every one.
+
 Errors become status codes with `<code>: <field>: <message>` details (`deployments.api.errors`); a
 RESOURCE_EXHAUSTED reply carries `retry-after` trailing metadata. Field names in details are the proto's.
 
@@ -29,7 +32,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from deployments import telemetry
-from deployments.api.auth import ApiKeys
+from deployments.api.auth import ApiKeys, Caller
 from deployments.api.errors import ApiError, ErrorCode, retry_after_header, validation_error
 from deployments.api.frontend import SessionFrontend
 from deployments.api.proto import characters_pb2 as pb
@@ -144,16 +147,16 @@ class CharactersGrpc:
     frontend: SessionFrontend
     keys: ApiKeys
 
-    def _key_id(self, context: RayServegRPCContext) -> str | None:
+    def _caller(self, context: RayServegRPCContext) -> Caller:
         header = next((v for k, v in context.invocation_metadata() if k == "authorization"), None)
-        return self.keys.authenticate(header if isinstance(header, str) else None)
+        return self.keys.caller(header if isinstance(header, str) else None)
 
     async def CreateSession(self, request: pb.CreateSessionRequest, grpc_context: RayServegRPCContext) -> pb.Session:
         caller = {k: v for k, v in grpc_context.invocation_metadata() if k in ("traceparent", "tracestate")}
         with server_span("CreateSession", caller) as (span, carried):
             try:
-                key_id = self._key_id(grpc_context)
-                info = await self.frontend.create(session_options(request), request.image, key_id, carried)
+                who = self._caller(grpc_context)
+                info = await self.frontend.create(session_options(request), request.image, who.key_id, carried)
                 return session_pb(info)
             except ApiError as err:
                 _refuse(grpc_context, err)
@@ -162,8 +165,7 @@ class CharactersGrpc:
 
     async def GetSession(self, request: pb.GetSessionRequest, grpc_context: RayServegRPCContext) -> pb.Session:
         try:
-            self._key_id(grpc_context)
-            return session_pb(await self.frontend.get(request.session_id))
+            return session_pb(await self.frontend.get(request.session_id, self._caller(grpc_context)))
         except ApiError as err:
             _refuse(grpc_context, err)
             return pb.Session()
@@ -171,23 +173,23 @@ class CharactersGrpc:
     async def ListSessions(self, request: pb.ListSessionsRequest,
                            grpc_context: RayServegRPCContext) -> pb.ListSessionsResponse:
         try:
-            self._key_id(grpc_context)
-            return pb.ListSessionsResponse(sessions=[session_pb(s) for s in await self.frontend.list_sessions()])
+            sessions = await self.frontend.list_sessions(self._caller(grpc_context))
+            return pb.ListSessionsResponse(sessions=[session_pb(s) for s in sessions])
         except ApiError as err:
             _refuse(grpc_context, err)
             return pb.ListSessionsResponse()
 
     async def EndSession(self, request: pb.EndSessionRequest, grpc_context: RayServegRPCContext) -> pb.Session:
         try:
-            self._key_id(grpc_context)
-            return session_pb(await self.frontend.end(request.session_id, request.reason[:200] or "deleted"))
+            who = self._caller(grpc_context)
+            return session_pb(await self.frontend.end(request.session_id, who, request.reason[:200] or "deleted"))
         except ApiError as err:
             _refuse(grpc_context, err)
             return pb.Session()
 
     async def GetCapacity(self, request: pb.GetCapacityRequest, grpc_context: RayServegRPCContext) -> pb.Capacity:
         try:
-            self._key_id(grpc_context)
+            self._caller(grpc_context)
             return capacity_pb(await self.frontend.capacity())
         except ApiError as err:
             _refuse(grpc_context, err)
@@ -196,21 +198,21 @@ class CharactersGrpc:
     async def StreamAudio(self, request_stream: AsyncIterator[pb.AudioChunk],
                           grpc_context: RayServegRPCContext) -> AsyncIterator[pb.SessionEvent]:
         try:
-            self._key_id(grpc_context)
+            who = self._caller(grpc_context)
             first = await anext(request_stream, None)
             if first is None or not first.session_id:
                 raise ApiError(422, ErrorCode.INVALID_FIELD, "the first AudioChunk must name the session",
                                "session_id")
             session_id = first.session_id
-            await self.frontend.get(session_id)  # NOT_FOUND before anything else
+            await self.frontend.get(session_id, who)  # NOT_FOUND (unknown, or another tenant's) before anything else
         except ApiError as err:
             _abort(grpc_context, err)
-        pump = asyncio.create_task(self._pump_audio(session_id, first, request_stream))
+        pump = asyncio.create_task(self._pump_audio(session_id, who, first, request_stream))
         polling: asyncio.Task[list[SessionEvent]] | None = None
         after = first.after_seq
         try:
             while True:
-                polling = asyncio.create_task(self.frontend.events(session_id, after))
+                polling = asyncio.create_task(self.frontend.events(session_id, who, after))
                 await asyncio.wait({polling, pump}, return_when=asyncio.FIRST_COMPLETED)
                 if pump.done() and not pump.cancelled() and (failure := pump.exception()) is not None:
                     polling.cancel()
@@ -218,7 +220,7 @@ class CharactersGrpc:
                            ApiError(500, ErrorCode.INTERNAL, f"audio stream failed: {type(failure).__name__}"))
                 try:
                     events = await polling
-                    if not events and (await self.frontend.get(session_id)).status in TERMINAL:
+                    if not events and (await self.frontend.get(session_id, who)).status in TERMINAL:
                         return  # ended, and its last events are behind after_seq (or no longer kept)
                 except ApiError as err:
                     _abort(grpc_context, err)
@@ -233,7 +235,8 @@ class CharactersGrpc:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _pump_audio(self, session_id: str, first: pb.AudioChunk, rest: AsyncIterator[pb.AudioChunk]) -> None:
+    async def _pump_audio(self, session_id: str, who: Caller, first: pb.AudioChunk,
+                          rest: AsyncIterator[pb.AudioChunk]) -> None:
         """Forward chunks to the scheduler until the client half-closes; a bad chunk raises ApiError."""
         chunk: pb.AudioChunk | None = first
         while chunk is not None:
@@ -242,7 +245,7 @@ class CharactersGrpc:
                                f"is {chunk.session_id[:64]!r} but this stream is for session {session_id!r}; "
                                "open one stream per session", "session_id")
             if chunk.clear:
-                await self.frontend.clear_audio(session_id)
+                await self.frontend.clear_audio(session_id, who)
             if chunk.pcm:
-                await self.frontend.push_audio(session_id, chunk.pcm, chunk.sample_rate, chunk.channels or 1)
+                await self.frontend.push_audio(session_id, who, chunk.pcm, chunk.sample_rate, chunk.channels or 1)
             chunk = await anext(rest, None)

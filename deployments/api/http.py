@@ -4,14 +4,16 @@ beside them (`deployments.api.runway`). No Ray imports.
 Endpoints (JSON everywhere; field names are camelCase in requests and responses; times are Unix seconds):
 
     POST   /v1/sessions        CreateSessionRequest -> 201 Session (+ Location)   start a character
-    GET    /v1/sessions        -> SessionList                                     every known session
-    GET    /v1/sessions/{id}   -> Session                                         404 if unknown
-    DELETE /v1/sessions/{id}   -> Session (ENDED)                                 idempotent; 404 if unknown
+    GET    /v1/sessions        -> SessionList                                     the caller's sessions (an
+                                                                                  operator key: every one)
+    GET    /v1/sessions/{id}   -> Session                                         404 if unknown or another's
+    DELETE /v1/sessions/{id}   -> Session (ENDED)                                 idempotent; 404 as GET
     GET    /v1/capacity        -> Capacity                                        bundles free/total, queue, warm slots
     GET    /healthz            -> {"status": "ok"}                                never needs a key
-    POST   /v1/realtime_sessions, GET / DELETE /v1/realtime_sessions/{id}         the Runway Characters API as
-                                                                                  livekit-plugins-runway calls it
-    POST   /v1/avatars, GET / DELETE /v1/avatars/{id}                             reference images for avatarId
+    POST   /v1/realtime_sessions, GET / DELETE /v1/realtime_sessions/{id},        the Runway Characters API
+           POST /v1/realtime_sessions/{id}/consume                                (deployments.api.runway)
+    POST / GET /v1/avatars, GET / PATCH / DELETE /v1/avatars/{id}                 Runway's avatars
+                                                                                  (deployments.api.runway_avatars)
     GET    /openapi.json, /docs                                                   the schema, with error bodies
 
 Errors: `deployments.api.errors` (one JSON shape, a code per condition). Limits (`ApiConfig`, per service):
@@ -36,9 +38,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from deployments.api.auth import ApiKeys, BearerAuthMiddleware
 from deployments.api.errors import ApiError, ErrorCode, error_responses, install_error_handlers
 from deployments.api.frontend import SessionFrontend
-from deployments.api.requests import decode_base64_image, key_id, trace_context
+from deployments.api.requests import caller, decode_base64_image, key_id, trace_context
 from deployments.api.runway import add_realtime_routes
 from deployments.api.schemas import CapacityOut, CreateSessionRequest, HealthOut, SessionListOut, SessionOut
+from deployments.api.watch import WatchSettings
 
 
 class BodyLimitMiddleware:
@@ -79,8 +82,10 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
 
-def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None) -> FastAPI:
-    """The FastAPI app over `frontend`. Middleware, outermost first: CORS (if origins), auth, body limit."""
+def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None,
+                   livekit: WatchSettings | None = None) -> FastAPI:
+    """The FastAPI app over `frontend`. Middleware, outermost first: CORS (if origins), auth, body limit.
+    `livekit`: the service's own LiveKit server (the rooms of Runway sessions without an integration)."""
     config = frontend.config
     app = FastAPI(title="Real-time video characters", version="1.0.0",
                   description="Start, inspect and end real-time video characters. Field names are camelCase; "
@@ -94,7 +99,8 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None) -> Fa
     app.add_middleware(BearerAuthMiddleware, keys=keys or ApiKeys())
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["authorization", "content-type"],
+                           allow_methods=["GET", "POST", "PATCH", "DELETE"],
+                           allow_headers=["authorization", "content-type", "x-runway-version"],
                            expose_headers=["retry-after", "location"])
     bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured"))]
 
@@ -108,18 +114,18 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None) -> Fa
 
     @app.get("/v1/sessions", response_model=SessionListOut, dependencies=bearer,
              responses=error_responses(401, 503), summary="List sessions")
-    async def list_sessions() -> SessionListOut:
-        return SessionListOut(sessions=[SessionOut.of(s) for s in await frontend.list_sessions()])
+    async def list_sessions(request: Request) -> SessionListOut:
+        return SessionListOut(sessions=[SessionOut.of(s) for s in await frontend.list_sessions(caller(request))])
 
     @app.get("/v1/sessions/{session_id}", response_model=SessionOut, dependencies=bearer,
              responses=error_responses(401, 404, 422, 503), summary="Get a session")
-    async def get_session(session_id: str) -> SessionOut:
-        return SessionOut.of(await frontend.get(session_id))
+    async def get_session(session_id: str, request: Request) -> SessionOut:
+        return SessionOut.of(await frontend.get(session_id, caller(request)))
 
     @app.delete("/v1/sessions/{session_id}", response_model=SessionOut, dependencies=bearer,
                 responses=error_responses(401, 404, 422, 503), summary="End a session (idempotent)")
-    async def end_session(session_id: str) -> SessionOut:
-        return SessionOut.of(await frontend.end(session_id, "deleted"))
+    async def end_session(session_id: str, request: Request) -> SessionOut:
+        return SessionOut.of(await frontend.end(session_id, caller(request), "deleted"))
 
     @app.get("/v1/capacity", response_model=CapacityOut, dependencies=bearer,
              responses=error_responses(401, 503), summary="Free and used GPU bundles")
@@ -130,5 +136,5 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None) -> Fa
     async def healthz() -> HealthOut:
         return HealthOut()
 
-    add_realtime_routes(app, frontend, bearer)
+    add_realtime_routes(app, frontend, bearer, livekit)
     return app

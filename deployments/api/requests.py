@@ -12,6 +12,7 @@ import binascii
 import io
 import math
 import re
+from urllib.parse import urlsplit
 
 import numpy as np
 from fastapi import Request
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from characters.config import MODEL_PRESETS
 from characters.media import MediaError, load_image
 from deployments import settings
+from deployments.api.auth import Caller
 from deployments.api.errors import ApiError, ErrorCode
 
 MiB = 1024 * 1024
@@ -49,6 +51,23 @@ class ApiConfig(BaseModel):
     max_audio_chunk_bytes: int = Field(default_factory=settings.MAX_AUDIO_CHUNK_BYTES.get, ge=2, validate_default=True,
                                        description="Largest PCM payload of one AudioChunk.")
     events_wait_s: float = Field(default=10.0, gt=0, description="Long-poll wait of one scheduler events() call.")
+    avatar_image_url_prefixes: tuple[str, ...] = Field(
+        default=(), description="URL prefixes (scheme://host[:port]/path/) an avatar's referenceImage may be fetched "
+                                "from; empty (the default): the server fetches no URL, only data URIs are taken.")
+    session_key_ttl_s: float = Field(default=600.0, gt=0, description="How long after its creation a realtime "
+                                     "session's sessionKey may be consumed (once).")
+
+    @field_validator("avatar_image_url_prefixes")
+    @classmethod
+    def _prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in value:
+            parts = urlsplit(prefix)
+            if parts.scheme not in ("https", "http") or not parts.netloc or "@" in parts.netloc \
+                    or not parts.path.endswith("/") or parts.query or parts.fragment:
+                raise ValueError(f"api.avatar_image_url_prefixes entry {prefix[:120]!r} must be scheme://host[:port]/"
+                                 "path/ (https, or http for a trusted internal host), ending in '/', e.g. "
+                                 "'https://cdn.example.com/avatars/'")
+        return value
 
     @field_validator("presets")
     @classmethod
@@ -85,8 +104,9 @@ def decode_base64_image(data: str, config: ApiConfig, field: str = IMAGE_FIELD) 
     return raw
 
 
-def load_avatar(raw: bytes, preset: str, config: ApiConfig, field: str = IMAGE_FIELD) -> np.ndarray:
-    """Image file bytes -> `(H, W, 3)` uint8 at the preset's resolution; refusals name `field`."""
+def probe_image(raw: bytes, config: ApiConfig, field: str = IMAGE_FIELD, *, identify: bool = False) -> None:
+    """Refuse, from the file's header alone, what `load_avatar` would: empty, too many bytes or pixels and, with
+    `identify`, a file that is no image at all (without it, `load_avatar` words that one)."""
     if not raw:
         raise ApiError(422, ErrorCode.INVALID_IMAGE, "is empty; send a PNG, JPEG or WebP file", field)
     if len(raw) > config.max_image_bytes:
@@ -99,12 +119,20 @@ def load_avatar(raw: bytes, preset: str, config: ApiConfig, field: str = IMAGE_F
     except Image.DecompressionBombError as e:
         raise ApiError(413, ErrorCode.IMAGE_TOO_LARGE,
                        f"has too many pixels (limit {config.max_image_pixels}); downscale it", field) from e
-    except (OSError, SyntaxError, ValueError, EOFError):
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        if identify:
+            raise ApiError(422, ErrorCode.INVALID_IMAGE, "is not a PNG, JPEG or WebP image (its header is not one); "
+                           "send the image file's bytes", field) from e
         width = height = 0  # not an image: load_image gives the precise message
     if width * height > config.max_image_pixels:
         raise ApiError(413, ErrorCode.IMAGE_TOO_LARGE,
                        f"is {width}x{height} = {width * height} pixels, over the limit of {config.max_image_pixels}; "
                        "downscale it", field)
+
+
+def load_avatar(raw: bytes, preset: str, config: ApiConfig, field: str = IMAGE_FIELD) -> np.ndarray:
+    """Image file bytes -> `(H, W, 3)` uint8 at the preset's resolution; refusals name `field`."""
+    probe_image(raw, config, field)
     gen = MODEL_PRESETS[preset].generation
     try:
         return load_image(raw, gen.height, gen.width, max_pixels=config.max_image_pixels)
@@ -123,6 +151,15 @@ def check_session_id(session_id: str, field: str = "id") -> str:
 def key_id(request: Request) -> str | None:
     """The id of the API key that authenticated `request` (`deployments.api.auth`); None with keys off."""
     return getattr(request.state, "api_key_id", None)
+
+
+def caller(request: Request) -> Caller:
+    """Who made `request` (`deployments.api.auth.BearerAuthMiddleware` put it there). A route without an API
+    key (open paths, the session-key route) has none: asking for it there is refused, never defaulted."""
+    found = getattr(request.state, "caller", None)
+    if not isinstance(found, Caller):
+        raise ApiError(401, ErrorCode.MISSING_API_KEY, "this route needs an API key: 'Authorization: Bearer <key>'")
+    return found
 
 
 def trace_context(request: Request) -> dict[str, str]:

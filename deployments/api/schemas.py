@@ -98,7 +98,10 @@ class CreateSessionRequest(SessionOptions):
 class StatsOut(_Out):
     chunks: int
     frames: int
-    fps: float = Field(description="Delivered frames per second over the last few seconds.")
+    fps: float = Field(description="Generated frames per second over the last few seconds: new frames only (the "
+                       "held repeats of a late chunk do not count); 24 when nothing is late.")
+    presented_fps: float = Field(default=0.0, description="Frames the output presented per second, held repeats "
+                                 "included (what a viewer counts; LiveKit rooms, else 0).")
     late_chunks: int
     step_ms_p50: float
     step_ms_p95: float
@@ -108,6 +111,8 @@ class StatsOut(_Out):
                                 "video behind).")
     stage_ms: dict[str, float] = Field(default_factory=dict, description="Median ms per chunk stage over the last "
                                        "~20 s: dit, cache_write, handoff, decode, publish.")
+    speech_ms_p50: float = Field(default=0.0, description="Agent speech handed to the session -> its first frame "
+                                 "shown, median over recent speech segments (LiveKit rooms, else 0).")
 
 
 class SessionOut(_Out):

@@ -6,13 +6,19 @@
     GET    /v1/watch/config          WatchConfigOut: is a LiveKit server configured, its URL, the preset's size
     POST   /v1/watch/sessions        WatchSessionIn -> 201 WatchSessionOut: a session publishing into a new
                                      room of the configured LiveKit server, plus a viewer token for that room
-    POST   /v1/watch/token           ViewerTokenIn -> ViewerOut: a subscribe-only token for a room
+    POST   /v1/watch/token           ViewerTokenIn -> ViewerOut: a subscribe-only token for a room of one of
+                                     the caller's sessions (404 for another tenant's; an operator: any room)
     POST   /v1/sessions/{id}/audio   agent audio: a WAV file (16-bit PCM) or raw s16le with ?sampleRate=&channels=
                                      -> 204; queued for the next chunks (the HTTP twin of gRPC StreamAudio)
     DELETE /v1/sessions/{id}/audio   drop the queued agent audio (an interruption) -> 204
 
 The page and its static files need no API key (they hold no data); every /v1 route takes the same Bearer
 key as the rest of the API, and the page asks for it when the server answers 401.
+
+Rooms: a session whose room the service makes (the watch page's, a Runway session without an integration)
+publishes into `watch-<session id>`, so a room names its session and the viewer-token route checks, like
+every session route, that the caller owns it. `GET /v1/livekit` answers the development server's public
+secret only to a caller who sees every tenant (an operator key, or keys off): a secret mints any token.
 
 LiveKit: the service's own server (`CHARACTERS_LIVEKIT_URL`, `_API_KEY`, `_API_SECRET`; browsers use
 `CHARACTERS_LIVEKIT_PUBLIC_URL` when set), e.g. the one `characters serve --livekit-dev` starts. Without
@@ -50,7 +56,7 @@ from pydantic.alias_generators import to_camel
 from characters.config import MODEL_PRESETS
 from deployments.api.errors import ApiError, ErrorCode, error_responses
 from deployments.api.frontend import SessionFrontend
-from deployments.api.requests import decode_base64_image
+from deployments.api.requests import caller, decode_base64_image
 from deployments.api.schemas import AvatarIn, CreateSessionRequest, SessionOut
 from deployments.livekit.config import LiveKitConfigError, check_url
 from deployments.settings import LIVEKIT_API_KEY, LIVEKIT_API_SECRET, LIVEKIT_DEV, LIVEKIT_PUBLIC_URL, LIVEKIT_URL
@@ -87,18 +93,30 @@ class WatchSettings:
     def configured(self) -> bool:
         return bool(self.url and self.api_key and self.api_secret)
 
-    def check(self) -> None:
-        """Raise ApiError 503 naming the variables when no server is configured, or it is malformed."""
+    def check(self, no_retry: bool = False) -> None:
+        """Raise ApiError 503 naming the variables when no server is configured, or it is malformed (`no_retry`:
+        tell SDK clients, which retry a 5xx, that retrying will not help)."""
         if not self.configured:
             raise ApiError(503, LIVEKIT_NOT_CONFIGURED,
-                           "this service has no LiveKit server for the watch page; set CHARACTERS_LIVEKIT_URL, "
-                           "CHARACTERS_LIVEKIT_API_KEY and CHARACTERS_LIVEKIT_API_SECRET, or run "
-                           "`characters serve --livekit-dev`")
+                           "this service has no LiveKit server of its own (the watch page's, and the room of a Runway "
+                           "session without an integration); set CHARACTERS_LIVEKIT_URL, CHARACTERS_LIVEKIT_API_KEY "
+                           "and CHARACTERS_LIVEKIT_API_SECRET, or run `characters serve --livekit-dev`",
+                           no_retry=no_retry)
         try:
             check_url(self.url, "CHARACTERS_LIVEKIT_URL")
             check_url(self.public_url, "CHARACTERS_LIVEKIT_PUBLIC_URL")
         except LiveKitConfigError as e:
-            raise ApiError(503, LIVEKIT_NOT_CONFIGURED, str(e)) from e
+            raise ApiError(503, LIVEKIT_NOT_CONFIGURED, str(e), no_retry=no_retry) from e
+
+
+def service_room(session_id: str) -> str:
+    """The room of a session whose room the service makes: named after the session."""
+    return f"{ROOM_PREFIX}{session_id}"
+
+
+def session_of_room(room: str) -> str | None:
+    """The session a service room belongs to (None: not one of the service's rooms)."""
+    return room.removeprefix(ROOM_PREFIX) if room.startswith(ROOM_PREFIX) and len(room) > len(ROOM_PREFIX) else None
 
 
 def viewer_token(settings: WatchSettings, room: str, identity: str, ttl: datetime.timedelta = VIEWER_TTL) -> str:
@@ -106,6 +124,14 @@ def viewer_token(settings: WatchSettings, room: str, identity: str, ttl: datetim
     grants = lkapi.VideoGrants(room_join=True, room=room, can_subscribe=True, can_publish=False,
                                can_publish_data=False)
     return (lkapi.AccessToken(settings.api_key, settings.api_secret).with_identity(identity).with_name("viewer")
+            .with_ttl(ttl).with_grants(grants).to_jwt())
+
+
+def participant_token(settings: WatchSettings, room: str, identity: str, ttl: datetime.timedelta = VIEWER_TTL) -> str:
+    """The token of a Runway session's consumer: join `room`, subscribe, publish (the user's microphone and
+    camera, for a voice agent of theirs in the room) and data; the character hears only agent participants."""
+    grants = lkapi.VideoGrants(room_join=True, room=room, can_subscribe=True, can_publish=True, can_publish_data=True)
+    return (lkapi.AccessToken(settings.api_key, settings.api_secret).with_identity(identity).with_name("user")
             .with_ttl(ttl).with_grants(grants).to_jwt())
 
 
@@ -201,32 +227,44 @@ def add_watch_routes(app: FastAPI, frontend: SessionFrontend, settings: WatchSet
 
     @app.get("/v1/livekit", response_model=LiveKitOut, **route, responses=error_responses(401),
              summary="The service's own LiveKit server (URL, key; the secret of a development server)")
-    async def livekit() -> LiveKitOut:
+    async def livekit(request: Request) -> LiveKitOut:
+        disclose = settings.dev and settings.configured and caller(request).sees_all
         return LiveKitOut(configured=settings.configured, url=settings.public_url or None,
-                          api_key=settings.api_key or None,
-                          api_secret=settings.api_secret if settings.dev and settings.configured else None,
+                          api_key=settings.api_key or None, api_secret=settings.api_secret if disclose else None,
                           dev=settings.dev)
 
     @app.post("/v1/watch/sessions", status_code=201, response_model=WatchSessionOut, **route,
               responses=error_responses(400, 401, 413, 422, 503), summary="Start a character in a new LiveKit room")
     async def watch_session(body: WatchSessionIn, request: Request, response: Response) -> WatchSessionOut:
         settings.check()
-        room = f"{ROOM_PREFIX}{secrets.token_hex(6)}"
+        session_id = secrets.token_hex(16)
+        room = service_room(session_id)
         create = CreateSessionRequest.model_validate({
             "avatar": body.avatar.model_dump(), "maxDuration": body.max_duration, "seed": body.seed,
             "output": {"kind": "livekit", "url": settings.url, "roomName": room, "apiKey": settings.api_key,
                        "apiSecret": settings.api_secret}})
         raw = await asyncio.to_thread(decode_base64_image, create.avatar.image, config)
         trace = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
-        info = await frontend.create(create, raw, api_key_id=getattr(request.state, "api_key_id", None),
-                                     trace_context=trace)
+        info = await frontend.create(create, raw, api_key_id=caller(request).key_id, trace_context=trace,
+                                     session_id=session_id)
         response.headers["Location"] = f"/v1/sessions/{info.id}"
         return WatchSessionOut(session=SessionOut.of(info), viewer=viewer(room))
 
     @app.post("/v1/watch/token", response_model=ViewerOut, **route, responses=error_responses(401, 422, 503),
               summary="A subscribe-only token for a room of the configured LiveKit server")
-    async def watch_token(body: ViewerTokenIn) -> ViewerOut:
+    async def watch_token(body: ViewerTokenIn, request: Request) -> ViewerOut:
         settings.check()
+        who = caller(request)
+        if not who.sees_all:  # a tenant watches only its own sessions' rooms
+            session_id = session_of_room(body.room_name)
+            if session_id is None:
+                raise ApiError(404, ErrorCode.SESSION_NOT_FOUND, f"no session has the room {body.room_name[:64]!r}",
+                               "roomName")
+            try:
+                await frontend.check_owner(session_id, who)
+            except ApiError as e:
+                raise ApiError(404, ErrorCode.SESSION_NOT_FOUND, f"no session has the room {body.room_name[:64]!r}",
+                               "roomName") from e
         return viewer(body.room_name)
 
     @app.post("/v1/sessions/{session_id}/audio", status_code=204, **route, openapi_extra=AUDIO_BODY,
@@ -246,14 +284,15 @@ def add_watch_routes(app: FastAPI, frontend: SessionFrontend, settings: WatchSet
         if channels not in (1, 2):  # checked again per piece by the frontend; here the split needs it
             raise ApiError(422, ErrorCode.INVALID_FIELD, f"is {channels}; send mono (1) or stereo (2)", "channels")
         step = config.max_audio_chunk_bytes - config.max_audio_chunk_bytes % (2 * channels)
+        who = caller(request)
         for start in range(0, len(pcm), step):
-            await frontend.push_audio(session_id, pcm[start:start + step], sample_rate, channels)
+            await frontend.push_audio(session_id, who, pcm[start:start + step], sample_rate, channels)
         return Response(status_code=204)
 
     @app.delete("/v1/sessions/{session_id}/audio", status_code=204, **route,
                 responses=error_responses(401, 404, 422, 503), summary="Drop queued agent audio (interrupt)")
-    async def clear_audio(session_id: str) -> Response:
-        await frontend.clear_audio(session_id)
+    async def clear_audio(session_id: str, request: Request) -> Response:
+        await frontend.clear_audio(session_id, caller(request))
         return Response(status_code=204)
 
     @app.get("/", include_in_schema=False)

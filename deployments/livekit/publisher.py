@@ -42,6 +42,7 @@ class MediaPublisher:
         self.playout = Playout(self.pacing, clock=clock)
         self.video_source: rtc.VideoSource | None = None
         self.audio_source: rtc.AudioSource | None = None
+        self.muted = False  # see mute()
         self.video_publication: rtc.LocalTrackPublication | None = None
         self.audio_publication: rtc.LocalTrackPublication | None = None
         self._wake = asyncio.Event()
@@ -62,14 +63,15 @@ class MediaPublisher:
         self._task = asyncio.create_task(self._run(), name="livekit-playout")
         self._task.add_done_callback(self._done)
 
-    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
+    def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+             submitted_at: float | None = None) -> None:
         """Queue a chunk for playout (see `Playout.push`); wakes the playout task. The arrays are kept
         until played: the caller must not modify them afterwards."""
         h, w = self.media.height, self.media.width
         if frames.ndim != 4 or frames.shape[1:] != (h, w, 3):
             raise ValueError(f"frames are {frames.shape}, the video track takes (F, {h}, {w}, 3); publish at the "
                              "preset's resolution")
-        self.playout.push(frames, pcm, speech_samples)
+        self.playout.push(frames, pcm, speech_samples, submitted_at)
         self._wake.set()
 
     def wake(self) -> None:
@@ -80,6 +82,11 @@ class MediaPublisher:
         if self.audio_source is not None:
             self.audio_source.clear_queue()
         self._wake.set()
+
+    def mute(self, muted: bool) -> None:
+        """While muted, the audio due plays as silence (its timing kept): an interruption mutes at once, before
+        the session has said what it dropped, and unmutes once the playout has applied the clear."""
+        self.muted = muted
 
     def stats(self) -> PlayoutStats:
         return self.playout.stats()
@@ -116,7 +123,8 @@ class MediaPublisher:
                     video.capture_frame(rtc.VideoFrame(w, h, rtc.VideoBufferType.RGB24,
                                                        np.ascontiguousarray(item.frame).tobytes()))
                 elif isinstance(item, AudioOut):
-                    await audio.capture_frame(rtc.AudioFrame(item.samples.tobytes(), self.media.sample_rate, 1,
-                                                             item.samples.size))
+                    samples = np.zeros_like(item.samples) if self.muted else item.samples
+                    await audio.capture_frame(rtc.AudioFrame(samples.tobytes(), self.media.sample_rate, 1,
+                                                             samples.size))
                 else:
                     self.on_event(item)

@@ -17,14 +17,18 @@ Interruption: RPC `lk.clear_buffer` from the agent -> the rest of the current st
 awaitable), the playout blanks every chunk made from the interrupted speech and the audio source's
 queue is flushed, then each unfinished segment is reported `interrupted=true`. Timing (the contract the
 tests check): `lk.playback_finished` leaves as soon as `clear_audio` answers (at most `CLEAR_TIMEOUT_S`;
-~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once; the video holds
+~10 ms on loopback; the agent gives up after 2 s); the character's audio stops at once (the audio source is
+flushed and muted on the clear itself, before `clear_audio` answers, and unmuted once the playout has dropped
+the interrupted speech); the video holds
 the last frame until the first chunk generated after the clear, which plays on its original schedule:
 about (chunks in flight + jitter buffer) chunk durations later, ~0.5-0.7 s with 2 in flight.
 
 Leaving: on a reliable data message `{"type": "END_CALL"}`, when the agent participant leaves (or, with
 no agent identity, the last remote participant), when the server disconnects us, at `max_duration_s`,
 or on `aclose()`. All but `aclose()` call `handler.end_session(reason)` first (reasons: end_call,
-agent_left, room_empty, room_disconnected, max_duration).
+agent_left, room_empty, room_disconnected, max_duration). Being removed from the room through the server API
+is end_call too: LiveKit Agents' `AvatarSession.aclose()` removes the avatar right after sending END_CALL, and
+the removal may reach us first.
 
 `on_playback(event)` observes each segment's start (with its latency: speech handed to the session ->
 first frame shown) and finish, e.g. for the session's event log and metrics.
@@ -37,6 +41,7 @@ an ObjectRef, which is awaitable; the room awaits `clear_audio`'s result for at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -73,6 +78,7 @@ STREAM_IDLE_TIMEOUT_S = 10.0
 SUPERSEDED_GRACE_S = 0.5
 CLEAR_TIMEOUT_S = 1.0
 RPC_ATTEMPTS = 3
+RPC_DRAIN_S = 1.0  # on leaving, notifications to the agent already queued get this long to be answered
 SNAPSHOT_INTERVAL_S = 0.5
 
 
@@ -121,6 +127,8 @@ class LiveKitRoom:
         self._current: str | None = None  # segment being read
         self._cleared: set[str] = set()  # segments interrupted (their remaining bytes are discarded)
         self._rpcs: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._rpcs_idle = asyncio.Event()  # no notification queued or awaiting its answer
+        self._rpcs_idle.set()
         self._started_unsupported = False
         self._seen_remote = False
         self._timer: asyncio.TimerHandle | None = None
@@ -177,10 +185,12 @@ class LiveKitRoom:
         if room is not None:
             room.unregister_byte_stream_handler(AUDIO_STREAM_TOPIC)
 
-    def push_chunk(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
-        """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them."""
+    def push_chunk(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+                   submitted_at: float | None = None) -> None:
+        """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them;
+        `submitted_at`: when the generator took that audio (the room's clock), for `SegmentEvent.split`."""
         if self.publisher is not None and not self.ended.is_set():
-            self.publisher.push(frames, pcm, speech_samples)
+            self.publisher.push(frames, pcm, speech_samples, submitted_at)
 
     async def _refresh_snapshot(self) -> None:
         while True:
@@ -206,7 +216,11 @@ class LiveKitRoom:
         self._leaving = asyncio.get_running_loop().create_task(self._disconnect(), name="livekit-leave")
 
     async def _disconnect(self) -> None:
-        """Stop the workers and the publisher, leave the room (idempotent; `aclose` awaits it)."""
+        """Stop the workers and the publisher, leave the room (idempotent; `aclose` awaits it). Notifications
+        to the agent already on their way are answered first (at most RPC_DRAIN_S): one cancelled while it
+        waits for its answer leaves the answer to arrive for a request nobody holds (the SDK logs it)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._rpcs_idle.wait(), RPC_DRAIN_S)
         tasks, self._tasks = list(self._tasks), set()
         for task in tasks:
             task.cancel()
@@ -235,7 +249,8 @@ class LiveKitRoom:
             self._leave("room_empty")
 
     def _on_disconnected(self, reason: Any) -> None:
-        self._leave("room_disconnected")
+        removed = reason == rtc.DisconnectReason.PARTICIPANT_REMOVED  # the agent's end of the call (see above)
+        self._leave("end_call" if removed else "room_disconnected")
 
     # ----------------------------------------------------------------------------- agent audio
     def _is_agent(self, identity: str) -> bool:
@@ -335,8 +350,13 @@ class LiveKitRoom:
         while not self._streams.empty():
             self._streams.get_nowait()
             queued += 1
-        dropped = await self._clear_handler()
-        result = self.publisher.playout.clear(dropped)
+        self.publisher.flush_audio()  # silent now, not after the session's answer (a round trip through Ray)
+        self.publisher.mute(True)
+        try:
+            dropped = await self._clear_handler()
+            result = self.publisher.playout.clear(dropped)
+        finally:
+            self.publisher.mute(False)
         if result.flush_audio:
             self.publisher.flush_audio()
         for event in result.events:
@@ -368,14 +388,19 @@ class LiveKitRoom:
                 log.warning("on_playback failed: %s: %s", type(e).__name__, e)
         if event.kind == "started":
             if not self._started_unsupported:
-                self._rpcs.put_nowait((RPC_PLAYBACK_STARTED, ""))
+                self._notify(RPC_PLAYBACK_STARTED, "")
         else:
-            self._rpcs.put_nowait((RPC_PLAYBACK_FINISHED,
-                                   playback_finished_payload(event.position_s, event.interrupted)))
+            self._notify(RPC_PLAYBACK_FINISHED, playback_finished_payload(event.position_s, event.interrupted))
+
+    def _notify(self, method: str, payload: str) -> None:
+        self._rpcs_idle.clear()
+        self._rpcs.put_nowait((method, payload))
 
     async def _send_rpcs(self) -> None:
         """Notifications to the agent, in order; `lk.playback_started` is dropped if the agent lacks it."""
         while True:
+            if self._rpcs.empty():
+                self._rpcs_idle.set()
             method, payload = await self._rpcs.get()
             if self.room is None or self.agent_identity is None:
                 continue

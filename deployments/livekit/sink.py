@@ -83,9 +83,11 @@ class LiveKitSink:
             self.close()
             raise
 
-    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None) -> None:
+    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+              submitted_at: float | None = None) -> None:
         """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout (copied); never
-        blocks. `speech_samples`: how many leading samples are agent speech (inferred when None)."""
+        blocks. `speech_samples`: how many leading samples are agent speech (inferred when None);
+        `submitted_at`: when the chunk loop took that audio (monotonic, this node), for segment starts."""
         h, w = self.media.height, self.media.width
         if frames.ndim != 4 or frames.shape[1:] != (h, w, 3) or frames.dtype != np.uint8 or pcm.ndim != 1 \
                 or pcm.dtype != np.float32:
@@ -96,7 +98,7 @@ class LiveKitSink:
             self.dropped_writes += 1
             return
         # copies (~0.6 MB per tiny chunk): a compiled graph's channel may reuse the buffers the arrays view
-        loop.call_soon_threadsafe(self._push, room, np.array(frames), np.array(pcm), speech_samples)
+        loop.call_soon_threadsafe(self._push, room, np.array(frames), np.array(pcm), speech_samples, submitted_at)
 
     @property
     def ended(self) -> bool:
@@ -163,9 +165,10 @@ class LiveKitSink:
             await room.aclose()
             raise
 
-    def _push(self, room: LiveKitRoom, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None) -> None:
+    def _push(self, room: LiveKitRoom, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None,
+              submitted_at: float | None) -> None:
         try:
-            room.push_chunk(frames, pcm, speech_samples)
+            room.push_chunk(frames, pcm, speech_samples, submitted_at)
         except ValueError as e:
             self.dropped_writes += 1
             log.error("chunk refused by the playout: %s", e)

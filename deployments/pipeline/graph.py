@@ -239,7 +239,7 @@ def run_chunk_loop(
             if reason is not None:
                 break
             submitted = clock()  # before submit: the workers may start on it before submit returns
-            pipeline.submit(ChunkInput(session_id, k, audio(k)))
+            pipeline.submit(ChunkInput(session_id, k, audio(k), submitted))
             inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:

@@ -18,6 +18,7 @@ import numpy as np
 
 from characters.config import SessionConfig
 from characters.media import Mp4Writer
+from characters.pacing import SegmentEvent
 from characters.telemetry import StageTime
 from deployments import telemetry
 from deployments.livekit.config import LiveKitOutput
@@ -28,7 +29,8 @@ from deployments.types import OutputSpec
 class MediaSink(Protocol):
     """Where a session's frames and audio go; the seam where a LiveKit publisher plugs in later."""
 
-    def write(self, frames: np.ndarray, pcm: np.ndarray) -> None: ...  # (F, H, W, 3) uint8, (n,) float32
+    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+              submitted_at: float | None = None) -> None: ...  # (F, H, W, 3) uint8, (n,) float32
 
     def close(self) -> None: ...
 
@@ -39,7 +41,8 @@ class NullSink:
     def __init__(self) -> None:
         self.frames = 0
 
-    def write(self, frames: np.ndarray, pcm: np.ndarray) -> None:
+    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+              submitted_at: float | None = None) -> None:
         self.frames += len(frames)
 
     def close(self) -> None:
@@ -53,7 +56,8 @@ class Mp4Sink:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.writer = Mp4Writer(path, width, height, fps=fps, sample_rate=sample_rate)
 
-    def write(self, frames: np.ndarray, pcm: np.ndarray) -> None:
+    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+              submitted_at: float | None = None) -> None:
         self.writer.write_frames(frames)
         self.writer.write_audio(pcm)
 
@@ -136,10 +140,11 @@ class RoomWorker:
         telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
-        self.buffer_s = buffer_chunks * self.chunk_s
+        self.buffer_chunks, self.buffer_s = buffer_chunks, buffer_chunks * self.chunk_s
         self.sink: MediaSink | None = None
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
         self.session_id: str | None = None
+        self._playback: deque[SegmentEvent] = deque(maxlen=256)  # from the room's thread, taken by `publish`
 
     def open(self, session_id: str, output: OutputSpec | LiveKitOutput, path: str | None = None,
              session: Any = None, max_duration_s: float | None = None) -> None:
@@ -152,6 +157,7 @@ class RoomWorker:
                 raise ValueError("output kind 'file' needs a path; the scheduler resolves it under output_dir")
             self.sink = Mp4Sink(Path(path), g.width, g.height, g.fps, m.audio.sample_rate)
         elif output.kind == "livekit":
+            from characters.pacing import PacingConfig
             from deployments.livekit.config import MediaFormat
             from deployments.livekit.sink import LiveKitSink
 
@@ -159,12 +165,16 @@ class RoomWorker:
                 raise TypeError(f"output kind 'livekit' needs a LiveKitOutput, got {type(output).__name__}")
             sink = LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk),
                                SessionAudioHandler(session, session_id) if session is not None else None,
-                               max_duration_s=None if max_duration_s is None else max_duration_s + 5)
+                               max_duration_s=None if max_duration_s is None else max_duration_s + 5,
+                               pacing=PacingConfig(fps=g.fps, frames_per_chunk=g.frames_per_chunk,
+                                                   sample_rate=m.audio.sample_rate, target_depth=self.buffer_chunks),
+                               on_playback=self._playback.append)  # deque.append: safe from another thread
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink
         else:
             self.sink = NullSink()
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
+        self._playback.clear()
         self.session_id = session_id
 
     def publish(self, inp: ChunkInput, frames: Frames) -> ChunkReport:
@@ -177,14 +187,19 @@ class RoomWorker:
         t0 = time.time_ns()
         now = self.clock()
         late, lateness = self.meter.on_chunk(now)
-        self.sink.write(frames.frames, inp.pcm)
+        self.sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at)
         digest = frames_digest(frames.frames)
         stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
         buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
+        presented = 0.0
         if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements
             buffer_s, av_offset_s = room.playout.buffered_s, room.playout.av_offset_ms / 1e3
+            presented = room.playout.fps
+        playback = []
+        while self._playback:
+            playback.append(self._playback.popleft())
         return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
-                           digest, now, stages, buffer_s, av_offset_s)
+                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback))
 
     def close(self) -> None:
         """Finish the output (the MP4 trailer). Idempotent."""

@@ -14,7 +14,9 @@ end `reset` on every worker wipes all session state (KV cache, audio history, de
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
+from characters.pacing import SegmentEvent
 from characters.process_group import free_port, join
 from characters.telemetry import StageTime
 from deployments.pipeline.handoff import REFERENCE, Latents, pack, unpack
@@ -32,6 +35,7 @@ from deployments.settings import GLOO_SOCKET_IFNAME
 from deployments.telemetry.stages import StageHook, chunk_recorder, stage_spans
 
 STAGES = ("init_device", "init_process_group", "load_weights", "warm_up")
+REFERENCES_KEPT = 32  # reference latents a decoder keeps, by image: sessions on one avatar encode it once
 
 
 # ------------------------------------------------------------------------------------------ chunk messages
@@ -44,6 +48,7 @@ class ChunkInput:
     session_id: str
     chunk: int
     pcm: np.ndarray  # (n,) float32 mono 16 kHz, n = len(chunk_sample_range(chunk))
+    submitted_at: float | None = None  # when the chunk loop took this audio (time.monotonic: the slot's node)
 
 
 @dataclass(frozen=True)
@@ -78,13 +83,16 @@ class ChunkReport:
     frames: int
     late: bool
     lateness_s: float
-    delivered_fps: float
+    delivered_fps: float  # generated frames per second of playout: new frames only (a late chunk stretches it)
     digest: str  # `frames_digest`: equal frames -> equal digests (a content fingerprint, not a security hash)
     published_at: float  # the room's clock (monotonic: comparable on one node, where the whole slot is)
     stages: tuple[StageTime, ...] = ()  # where the time went (telemetry on): this chunk's host times, and
     #                                     GPU times of earlier chunks (CUDA events are read once complete)
     buffer_s: float = 0.0  # media queued ahead of playout when this chunk arrived (the jitter buffer)
     av_offset_s: float = 0.0  # video minus audio play time, as the sink measures it (0: muxed together)
+    presented_fps: float = 0.0  # frames the output presented per second, held repeats of late chunks included
+    #                              (a LiveKit room's playout; 0: not measured); delivered_fps counts new frames only
+    playback: tuple[SegmentEvent, ...] = ()  # speech segments that started or finished since the last report
 
 
 class SessionMismatch(RuntimeError):
@@ -277,6 +285,8 @@ class DecoderWorker:
         self.chunk = 0
         m = cfg.model
         self.latent_shape = (1, m.dit.latent_channels, m.generation.latent_frames_per_chunk, *m.latent_hw)
+        self._references: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # image digest -> (1, C, h, w) latent
+        self.references_encoded = 0
 
     def init_device(self) -> str:
         with self.timer.stage("init_device"):
@@ -310,7 +320,9 @@ class DecoderWorker:
         return dict(self.timer.seconds)
 
     def encode_reference(self, session_id: str, image: np.ndarray) -> Latents:
-        """(H, W, 3) uint8 reference image -> the reference latent message for every DiT rank."""
+        """(H, W, 3) uint8 reference image -> the reference latent message for every DiT rank. An image this
+        worker encoded before (an avatar's, session after session) is not encoded again: its latent is kept,
+        by the image's digest, for the last REFERENCES_KEPT images (no session state: the image decides)."""
         _, encoder = self._parts()
         g = self.cfg.model.generation
         if image.shape != (g.height, g.width, 3) or image.dtype != np.uint8:
@@ -318,7 +330,16 @@ class DecoderWorker:
                 f"reference image is {image.shape} {image.dtype}, the model needs ({g.height}, {g.width}, 3) uint8; "
                 "resize it with characters.media.load_image"
             )
-        return pack(session_id, REFERENCE, encoder.encode(np.ascontiguousarray(image)).cpu())  # (1, C, h, w)
+        image = np.ascontiguousarray(image)
+        key = hashlib.blake2b(image.data, digest_size=16).digest()
+        latent = self._references.pop(key, None)
+        if latent is None:
+            latent = encoder.encode(image).cpu()  # (1, C, h, w)
+            self.references_encoded += 1
+        self._references[key] = latent  # most recent last
+        while len(self._references) > REFERENCES_KEPT:
+            self._references.popitem(last=False)
+        return pack(session_id, REFERENCE, latent)
 
     def start(self, session_id: str) -> None:
         self.timer.require_ready("DecoderWorker.start")

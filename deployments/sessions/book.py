@@ -63,7 +63,7 @@ class SessionBook:
     def new(self, spec: SessionSpec, status: SessionStatus, admission: Admission | None = None,
             **fields: Any) -> SessionRecord:
         """A record for `spec` (not yet in the book: `add` it once it is admitted, queued or waiting)."""
-        info = SessionInfo(spec.session_id, status, spec.preset, **fields)
+        info = SessionInfo(spec.session_id, status, spec.preset, owner=spec.api_key_id, **fields)
         return SessionRecord(info, spec, deque(maxlen=self.events_max), admission=admission)
 
     def add(self, sess: SessionRecord) -> SessionRecord:

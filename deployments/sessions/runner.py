@@ -34,6 +34,7 @@ import numpy as np
 
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig
+from characters.pacing import SegmentEvent
 from characters.telemetry import CHUNK_STAGES, StageTime
 from deployments.pipeline.graph import (
     ChunkFailure,
@@ -169,6 +170,22 @@ class Outcome:
     resume: Resume | None = None  # a recoverable failure of a `recover` session: where to resume
 
 
+def playback_event(ev: SegmentEvent, at: float) -> EventDraft:
+    """A speech segment's start or finish at the output, as a session event (its detail: machine-readable
+    key=value pairs; a start says where its latency went, ms: the wait for the next chunk boundary, compute
+    and transfer, the jitter buffer)."""
+    if ev.kind == "finished":
+        return EventDraft("playback_finished", detail=f"segment={ev.segment} position_s={ev.position_s:.3f} "
+                          f"interrupted={int(ev.interrupted)}", at=at)
+    parts = [f"segment={ev.segment}"]
+    if ev.latency_s is not None:
+        parts.append(f"latency_ms={ev.latency_s * 1e3:.1f}")
+    if (sp := ev.split) is not None:
+        parts += [f"chunk={sp.chunk}", f"boundary_ms={sp.boundary_s * 1e3:.1f}", f"compute_ms={sp.compute_s * 1e3:.1f}",
+                  f"buffer_ms={sp.buffer_s * 1e3:.1f}", f"shown_at={sp.shown_at:.4f}"]
+    return EventDraft("playback_started", detail=" ".join(parts), at=at)
+
+
 def keeps_real_time(pacing: str, output_kind: str) -> bool:
     """Does the session's loop keep real time? Always for a LiveKit room (viewers play it as it comes);
     otherwise as the service's `pacing` says ("unpaced": back to back, for benchmarks and file renders)."""
@@ -195,6 +212,7 @@ class SessionRunner:
         self.terminal: tuple[SessionStatus, str] | None = None
         self._events: list[EventDraft] = []
         self._latency: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self._speech: deque[float] = deque(maxlen=LATENCY_WINDOW)  # speech segments' start latencies (ms)
         self._stages = StageWindow()
         self._stop_reason: str | None = None
         self.phases: dict[str, float] = {}  # start-up phases (seconds), reported with READY
@@ -289,14 +307,21 @@ class SessionRunner:
             lat = np.asarray(self._latency)
             s.chunks, s.frames = s.chunks + 1, s.frames + report.frames
             s.late_chunks += report.late
-            s.fps = report.delivered_fps
+            s.fps, s.presented_fps = report.delivered_fps, report.presented_fps
             s.step_ms_p50, s.step_ms_p95 = float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
             s.buffer_ms, s.av_offset_ms = report.buffer_s * 1e3, report.av_offset_s * 1e3
             self._stages.add(report.stages, report.chunk)
             s.stage_ms = self._stages.p50()
-            detail = f"digest={report.digest} late={int(report.late)}"
+            detail = f"digest={report.digest} late={int(report.late)}" + "".join(
+                f" {t.stage}_ms={t.duration_ns / 1e6:.1f}" for t in report.stages
+                if t.chunk == report.chunk and t.source == "host" and t.stage in ("dit", "decode"))
             self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,
                                            at=self.wall()))
+            for ev in report.playback:
+                self._events.append(playback_event(ev, self.wall()))
+                if ev.kind == "started" and ev.latency_s is not None:
+                    self._speech.append(ev.latency_s * 1e3)
+                    s.speech_ms_p50 = float(np.median(self._speech))
         if self.history is not None:
             self.history.on_published(report.chunk)
         if first:

@@ -15,7 +15,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from lk_helpers import CHUNK_S, SR, FakeSession, Generator, H, Viewer, W, speech_heard, token
 
 from characters.audio import SAMPLE_AUDIO, load_audio
-from characters.pacing import to_int16
+from characters.pacing import SegmentEvent, to_int16
 from deployments.livekit import LiveKitOutput, LiveKitRoom, LiveKitServer, MediaFormat
 
 pytestmark = [pytest.mark.livekit, pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")]
@@ -178,5 +178,36 @@ def test_room_leaves_and_ends_the_session(livekit_server: LiveKitServer, how: st
         assert gone, "the character left the room"
         # the server announces a departure about 2 s after the client left
         assert waited < {"end_call": 1.0, "agent_left": 4.0, "max_duration": 3.0}[how]
+
+    asyncio.run(main())
+
+
+def test_leaving_waits_for_the_agents_answer_to_a_queued_notification(livekit_server: LiveKitServer) -> None:
+    """A playback notification on its way when the character leaves is answered before it disconnects (one
+    cancelled while it waited left its answer to arrive for a request nobody held: the SDK's
+    'Ack received for unexpected RPC request' at every session end)."""
+    async def main() -> None:
+        answered: list[float] = []
+
+        async def slow_answer(data: rtc.RpcInvocationData) -> str:
+            await asyncio.sleep(0.4)
+            answered.append(time.monotonic())
+            return ""
+
+        agent = rtc.Room()
+        await agent.connect(livekit_server.url, token(livekit_server, "drain", AGENT, kind="agent"))
+        agent.local_participant.register_rpc_method("lk.playback_finished", slow_answer)
+        out = LiveKitOutput(url=livekit_server.url, room_name="drain", api_key=livekit_server.api_key,
+                            api_secret=livekit_server.api_secret, identity=AVATAR, agent_identity=AGENT)
+        room = LiveKitRoom(out, MediaFormat(W, H), FakeSession())
+        await room.start()
+        room._on_segment_event(SegmentEvent("finished", "seg", position_s=1.0))  # as the playout reports one
+        await asyncio.sleep(0.05)  # it is on its way
+        t0 = time.monotonic()
+        await room.aclose()
+        closed = time.monotonic()
+        await agent.disconnect()
+        assert len(answered) == 1 and closed >= answered[0], "left before the agent answered the notification"
+        assert closed - t0 < 1.5  # bounded: RPC_DRAIN_S
 
     asyncio.run(main())

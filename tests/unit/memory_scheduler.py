@@ -19,7 +19,7 @@ class MemoryScheduler:
         if self.refuse is not None:
             raise self.refuse
         self.specs[spec.session_id] = spec
-        self.infos[spec.session_id] = SessionInfo(spec.session_id, self.created, spec.preset)
+        self.infos[spec.session_id] = SessionInfo(spec.session_id, self.created, spec.preset, owner=spec.api_key_id)
         return self.infos[spec.session_id]
 
     async def get_session(self, session_id: str) -> SessionInfo:

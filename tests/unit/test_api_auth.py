@@ -43,6 +43,20 @@ def test_parse_refusals_never_echo_the_key(spec: str, message: str) -> None:
     assert K1 not in str(info.value) and K2 not in str(info.value) and "short" not in str(info.value)
 
 
+def test_roles_make_tenants_and_operators() -> None:
+    keys = ApiKeys.parse(f"backend:{K1},ops@operator:{K2}")
+    assert keys.ids == ("backend", "ops") and keys.operators == frozenset({"ops"})
+    assert keys.caller(f"Bearer {K1}") == auth.Caller("backend", False)
+    assert keys.caller(f"Bearer {K2}") == auth.Caller("ops", True)
+    assert ApiKeys().caller(None) is auth.ANYONE
+    tenant, operator = keys.caller(f"Bearer {K1}"), keys.caller(f"Bearer {K2}")
+    assert tenant.owns("backend") and not tenant.owns("ops") and not tenant.owns(None)
+    assert operator.owns("backend") and operator.owns(None) and auth.ANYONE.owns("anyone")
+    with pytest.raises(ValueError, match="role 'admin' is unknown") as info:
+        ApiKeys.parse(f"ops@admin:{K2}")
+    assert K2 not in str(info.value)
+
+
 def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(API_KEYS_ENV, f"backend:{K1}")
     assert ApiKeys.from_env().ids == ("backend",)

@@ -34,10 +34,11 @@ from test_api_validation import LIMITS, png_header
 from deployments.api.auth import ApiKeys
 from deployments.api.frontend import SessionFrontend
 from deployments.api.http import build_http_app
+from deployments.api.watch import WatchSettings
 
 KEY = "fuzz-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-EXAMPLES = 25  # per operation; ~12 operations
+EXAMPLES = 25  # per operation; ~15 operations
 CALL_LIMIT_S = 5.0
 CREATES = {("POST", "/v1/sessions"), ("POST", "/v1/realtime_sessions")}
 
@@ -72,7 +73,9 @@ def base64_texts(raw: bytes) -> st.SearchStrategy[str]:
 
 schemathesis.openapi.format("byte", image_files().flatmap(base64_texts))
 scheduler = MemoryScheduler()
-app = build_http_app(SessionFrontend(scheduler, LIMITS), ApiKeys.from_keys([("fuzz", KEY)]))
+LIVEKIT = WatchSettings(url="ws://127.0.0.1:1", public_url="ws://127.0.0.1:1", api_key="fuzzkey",
+                        api_secret="a-fuzz-secret-of-32-characters-or-more")  # rooms of Runway sessions (no connection)
+app = build_http_app(SessionFrontend(scheduler, LIMITS), ApiKeys.from_keys([("fuzz", KEY)]), LIVEKIT)
 schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=AUTH)
 
 
@@ -94,8 +97,9 @@ def test_schema_covers_native_and_runway_routes() -> None:
         ("POST", "/v1/sessions"), ("GET", "/v1/sessions"), ("GET", "/v1/sessions/{session_id}"),
         ("DELETE", "/v1/sessions/{session_id}"), ("GET", "/v1/capacity"), ("GET", "/healthz"),
         ("POST", "/v1/realtime_sessions"), ("GET", "/v1/realtime_sessions/{session_id}"),
-        ("DELETE", "/v1/realtime_sessions/{session_id}"), ("POST", "/v1/avatars"), ("GET", "/v1/avatars/{avatar_id}"),
-        ("DELETE", "/v1/avatars/{avatar_id}"),
+        ("DELETE", "/v1/realtime_sessions/{session_id}"), ("POST", "/v1/realtime_sessions/{session_id}/consume"),
+        ("POST", "/v1/avatars"), ("GET", "/v1/avatars"), ("GET", "/v1/avatars/{avatar_id}"),
+        ("PATCH", "/v1/avatars/{avatar_id}"), ("DELETE", "/v1/avatars/{avatar_id}"),
     }
 
 

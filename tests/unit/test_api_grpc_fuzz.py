@@ -172,4 +172,4 @@ def spec_of(session_id: str) -> Any:
 
     from deployments.types import SessionSpec
 
-    return SessionSpec(session_id, np.zeros((176, 272, 3), np.uint8))
+    return SessionSpec(session_id, np.zeros((176, 272, 3), np.uint8), api_key_id="be")  # the stream's key owns it

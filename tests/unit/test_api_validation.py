@@ -213,8 +213,8 @@ def test_protocol_errors_have_the_error_shape(client: TestClient) -> None:
 def test_openapi_documents_routes_errors_and_limits(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz",
-                                 "/v1/realtime_sessions", "/v1/realtime_sessions/{session_id}", "/v1/avatars",
-                                 "/v1/avatars/{avatar_id}"}
+                                 "/v1/realtime_sessions", "/v1/realtime_sessions/{session_id}",
+                                 "/v1/realtime_sessions/{session_id}/consume", "/v1/avatars", "/v1/avatars/{avatar_id}"}
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     assert set(doc["components"]["schemas"]["ErrorDetail"]["properties"]) == {"code", "message", "field"}
     for path, method in (("/v1/sessions/{session_id}", "delete"), ("/v1/capacity", "get")):

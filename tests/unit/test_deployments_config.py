@@ -113,3 +113,17 @@ def test_ledger_subtracts_the_scheduler_slots() -> None:
     assert free_bundles(held, spec) == 3
     d = decide(held, AdmissionQueue(1), Request("r", spec, 0.0, 10.0), 0.0)
     assert d == Admit("r", "a", spec.demand())  # best fit: the node left with fewest GPUs
+
+
+def test_precision_is_a_deployment_setting_refused_on_cpu_bundles(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = ServiceConfig(preset="57b", topology="h100x4", precision="fp8", use_gpus=True).session_config()
+    assert (cfg.model.precision, cfg.model.attention_precision) == ("fp8", "bf16")
+    assert ServiceConfig().session_config().model.precision == "bf16"  # the default
+    with pytest.raises(ValueError, match=r"precision='fp8' needs GPU bundles and use_gpus=False"):
+        ServiceConfig(precision="fp8", use_gpus=False)
+    with pytest.raises(ValueError, match="attention_precision"):
+        ServiceConfig(attention_precision="fp8", use_gpus=False)
+    monkeypatch.setenv("CHARACTERS_PRECISION", "fp8")
+    monkeypatch.setenv("CHARACTERS_PRESET", "57b")
+    monkeypatch.setenv("CHARACTERS_TOPOLOGY", "h100x5")
+    assert ServiceConfig.from_env().session_config().model.precision == "fp8"

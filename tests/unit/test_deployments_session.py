@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from characters.audio import chunk_sample_range
 from characters.config import session_config
+from characters.pacing import SegmentEvent, SpeechSplit
 from deployments.pipeline.graph import ChunkFailure, run_chunk_loop
 from deployments.pipeline.room import PlayoutMeter
 from deployments.pipeline.workers import ChunkInput, ChunkReport
@@ -201,3 +203,35 @@ def test_playout_meter_counts_late_chunks_and_delivered_fps() -> None:
     late, lateness = meter.on_chunk(1.0 + 4 * CHUNK_S + 0.5)  # due at 1 + 5 chunks, arrives 0.5 - 1 chunk late
     assert late and lateness == pytest.approx(0.5 - CHUNK_S)
     assert meter.late == 1 and meter.delivered_fps < 24.0
+
+
+class SpeakingPipeline(FakePipeline):
+    """FakePipeline whose chunk 2 report carries a segment's start (with its split) and chunk 4 its finish,
+    as the room reports them; presented fps as a LiveKit room measures it."""
+
+    def fetch(self, timeout_s: float) -> ChunkReport:
+        report = super().fetch(timeout_s)
+        playback: tuple[SegmentEvent, ...] = ()
+        if report.chunk == 2:
+            split = SpeechSplit(1, sent_at=1.0, submitted_at=1.04, arrived_at=1.15, shown_at=1.31)
+            playback = (SegmentEvent("started", "seg-1", latency_s=0.31, split=split),)
+        elif report.chunk == 4:
+            playback = (SegmentEvent("finished", "seg-1", position_s=0.5, interrupted=True),)
+        return replace(report, presented_fps=23.5, playback=playback)
+
+
+def test_runner_turns_the_rooms_speech_starts_into_events_and_stats() -> None:
+    clock = VirtualClock()
+    r = runner(clock)
+    pipe = SpeakingPipeline(clock, latency_s=0.05)
+    r.run(lambda: pipe)
+    events = r.report().events
+    started = [e.detail for e in events if e.kind == "playback_started"]
+    finished = [e.detail for e in events if e.kind == "playback_finished"]
+    assert started == ["segment=seg-1 latency_ms=310.0 chunk=1 boundary_ms=40.0 compute_ms=110.0 buffer_ms=160.0 "
+                       "shown_at=1.3100"]
+    assert finished == ["segment=seg-1 position_s=0.500 interrupted=1"]
+    s = r.report().stats
+    assert s.speech_ms_p50 == pytest.approx(310.0) and s.presented_fps == 23.5 and s.fps == 24.0
+    # the chunk loop stamps each chunk with the moment it took its audio (the room splits latency with it)
+    assert [i.submitted_at for i in pipe.submitted] == pytest.approx([k * CHUNK_S for k in range(6)], abs=1e-9)

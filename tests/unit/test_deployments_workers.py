@@ -12,7 +12,7 @@ import torch
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig, session_config
 from characters.media import read_mp4
-from deployments.pipeline.handoff import HandoffError, pack
+from deployments.pipeline.handoff import REFERENCE, HandoffError, pack, unpack
 from deployments.pipeline.room import RoomWorker
 from deployments.pipeline.workers import (
     STAGES,
@@ -183,3 +183,21 @@ def test_cpu_workers_take_their_threads_from_the_topology() -> None:
         assert DiTWorker(two, cpu_threads=1).cpu_threads == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_avatars_reference_is_encoded_once_per_decoder_and_reused_exactly(
+        workers: tuple[DiTWorker, DecoderWorker]) -> None:
+    """Sessions on one avatar (the same processed image) reuse its latent; another image is encoded anew."""
+    _, dec = workers
+    g = dec.cfg.model.generation
+    before = dec.references_encoded
+    face = np.random.default_rng(20261202).integers(0, 256, (g.height, g.width, 3), np.uint8)
+    other = face.copy()
+    other[0, 0, 0] ^= 1  # one bit: another image
+    first = dec.encode_reference("s1", face)
+    second = dec.encode_reference("s2", face.copy())
+    assert dec.references_encoded == before + 1
+    assert torch.equal(unpack(first, session_id="s1", chunk=REFERENCE),
+                       unpack(second, session_id="s2", chunk=REFERENCE))  # the same latent, for the new session
+    dec.encode_reference("s3", other)
+    assert dec.references_encoded == before + 2

@@ -509,3 +509,39 @@ def test_resolution_is_fixed_and_segments_must_be_open() -> None:
     with pytest.raises(ValueError, match="already open"):
         p.speech_open("a")
     p.speech_ended("a")
+
+
+def test_a_segment_start_says_where_its_latency_went() -> None:
+    """sent -> the chunk holding its first sample submitted (boundary) -> arrived (compute) -> shown (buffer),
+    for a segment whose first sample lands in the second chunk pushed."""
+    p, clock = make()
+    run = Run(p, clock)
+    t = clock.t
+    p.push(*silent(0), submitted_at=t - 0.12)  # an idle chunk first: the segment is not in it
+    run.until(t + 0.02)
+    p.speech_open("a")
+    p.speech_sent("a", 800)  # sent at t + 0.02
+    clock.t = t + 0.05
+    submitted = clock.t  # the chunk loop takes chunk 1's window 30 ms after the speech came
+    clock.t = t + T
+    p.push(*chunk(1, 800), submitted_at=submitted)  # arrives 0.117 s later (compute and transfer)
+    run.until(t + 1.0)
+    (started,) = [e for _, e in run.events() if e.kind == "started"]
+    sp = started.split
+    assert sp is not None and sp.chunk == 1
+    assert (sp.sent_at, sp.submitted_at, sp.arrived_at) == (t + 0.02, submitted, t + T)
+    assert sp.shown_at == run.video()[F].due  # chunk 1's first frame
+    assert sp.boundary_s == pytest.approx(0.03) and sp.compute_s == pytest.approx(T - 0.05)
+    assert sp.buffer_s == pytest.approx(sp.shown_at - (t + T)) and sp.buffer_s > 0
+    assert started.latency_s == pytest.approx(sp.boundary_s + sp.compute_s + sp.buffer_s)
+
+
+def test_without_submit_times_a_start_has_its_latency_but_no_split() -> None:
+    p, clock = make()
+    run = Run(p, clock)
+    p.speech_open("a")
+    p.speech_sent("a", 800)
+    run.arrivals += [(clock.t + 0.1, 0, 800)]
+    run.until(clock.t + 1.0)
+    (started,) = [e for _, e in run.events() if e.kind == "started"]
+    assert started.latency_s is not None and started.latency_s > 0.1 and started.split is None

@@ -1,7 +1,10 @@
 """Every route of the served app needs a key when keys are configured, except health and the watch page's
-static files; every gRPC method too. Also: the per-key quota answers 429 + Retry-After (gRPC:
-RESOURCE_EXHAUSTED + retry-after), CORS is off by default, and LiveKit credentials in a request never come
-back in a refusal. The app is built as the ingress builds it (`deployments.api.app._Ingress`), in process.
+static files (and consume, whose bearer is the session's key); every gRPC method too. With two tenant keys and
+an operator's, every route that names a session, an avatar or a room answers another key's with 404 (never
+403) and changes nothing, lists hold only the caller's own, and the operator sees all: over HTTP (native,
+Runway, watch) and gRPC. Also: the per-key quota answers 429 + Retry-After (gRPC: RESOURCE_EXHAUSTED +
+retry-after), CORS is off by default, and LiveKit credentials in a request never come back in a refusal. The
+app is built as the ingress builds it (`deployments.api.app._Ingress`), in process.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from test_api_grpc import Context
 from test_api_grpc import Scheduler as GrpcScheduler
 from test_api_validation import LIMITS, MemoryScheduler, b64, png
 
-from deployments.api.auth import OPEN_PATHS, OPEN_PREFIXES, WS_POLICY_VIOLATION, ApiKeys
+from deployments.api.auth import OPEN_PATHS, OPEN_PREFIXES, SESSION_KEY_PATHS, WS_POLICY_VIOLATION, ApiKeys
 from deployments.api.frontend import SessionFrontend
 from deployments.api.grpc_service import CharactersGrpc, GrpcAbort
 from deployments.api.http import build_http_app
@@ -41,9 +44,14 @@ def sched() -> MemoryScheduler:
     return MemoryScheduler()
 
 
-def served_app(sched: Any) -> Any:
+DEV = WatchSettings(url="ws://127.0.0.1:1", public_url="ws://127.0.0.1:1", api_key="devkey", api_secret="secret",
+                    dev=True)  # the service's own (development) LiveKit server: rooms of its own; never connected
+
+
+def served_app(sched: Any, keys: ApiKeys | None = None, livekit: WatchSettings = DEV) -> Any:
     frontend = SessionFrontend(sched, LIMITS)
-    app = add_watch_routes(build_http_app(frontend, ApiKeys.from_keys([("sec", KEY)])), frontend, WatchSettings())
+    keys = keys or ApiKeys.from_keys([("sec", KEY)])
+    app = add_watch_routes(build_http_app(frontend, keys, livekit), frontend, livekit)
 
     @app.websocket("/v1/probe-ws")  # a WebSocket route, so the middleware's WebSocket branch is walked too
     async def probe(ws: WebSocket) -> None:
@@ -91,8 +99,11 @@ def test_every_route_needs_a_key(client: TestClient) -> None:
                 assert path in ALLOWED_OPEN or path.startswith("/watch/"), path
                 assert client.request(method, path).status_code != 401, path
                 continue
-            for header, code in ((None, "missing_api_key"), ("Bearer wrong-key-0123456789abc", "invalid_api_key"),
-                                 (f"Basic {KEY}", "missing_api_key")):
+            kind = "session" if SESSION_KEY_PATHS.match(path) else "api"  # consume: its bearer is a session key
+            for header, code in ((None, f"missing_{kind}_key"), ("Bearer wrong-key-01234567890", f"invalid_{kind}_key"),
+                                 (f"Basic {KEY}", f"missing_{kind}_key"), (f"Bearer {KEY}", "invalid_session_key")):
+                if kind == "api" and header == f"Bearer {KEY}":
+                    continue  # the right API key (the walk below takes it)
                 headers = {"Authorization": header} if header else {}
                 resp = client.request(method, path, headers=headers, json={})
                 assert resp.status_code == 401, (method, path, resp.status_code)
@@ -102,6 +113,150 @@ def test_every_route_needs_a_key(client: TestClient) -> None:
                 assert KEY not in resp.text
             walked += 1
     assert walked >= 20  # native, Runway, watch, docs and schema routes, the WebSocket
+
+
+# ------------------------------------------------------------------------------------- tenancy (two keys)
+
+KEY_A, KEY_B, KEY_OPS = "tenant-a-key-0123456789", "tenant-b-key-0123456789", "operator-key-0123456789"
+TENANTS = ApiKeys.parse(f"a:{KEY_A},b:{KEY_B},ops@operator:{KEY_OPS}")
+AS = {name: {"Authorization": f"Bearer {key}"} for name, key in (("a", KEY_A), ("b", KEY_B), ("ops", KEY_OPS))}
+# Every route, by what it does with another tenant's things. A new route fails the walk until it is placed here.
+SCOPED = {  # names a session or an avatar in its path: another key's is 404, as an unknown id is
+    ("GET", "/v1/sessions/{session_id}"), ("DELETE", "/v1/sessions/{session_id}"),
+    ("POST", "/v1/sessions/{session_id}/audio"), ("DELETE", "/v1/sessions/{session_id}/audio"),
+    ("GET", "/v1/realtime_sessions/{session_id}"), ("DELETE", "/v1/realtime_sessions/{session_id}"),
+    ("GET", "/v1/avatars/{avatar_id}"), ("PATCH", "/v1/avatars/{avatar_id}"), ("DELETE", "/v1/avatars/{avatar_id}"),
+}
+LISTS = {("GET", "/v1/sessions"), ("GET", "/v1/avatars")}  # the caller's own only; an operator's: all
+BY_BODY = {("POST", "/v1/watch/token"): "roomName", ("POST", "/v1/realtime_sessions"): "avatar.avatarId"}
+CREATES = {("POST", "/v1/sessions"), ("POST", "/v1/avatars"), ("POST", "/v1/watch/sessions")}  # own things only
+SERVICE = {("GET", "/v1/capacity"), ("GET", "/v1/watch/config"), ("GET", "/v1/livekit"), ("GET", "/healthz"),
+           ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"),
+           ("GET", "/"), ("GET", "/watch/samples/{name}"), ("GET", "/v1/probe-ws")}  # no tenant's data
+SESSION_KEYED = {("POST", "/v1/realtime_sessions/{session_id}/consume")}  # the session key is the credential
+
+
+def with_key(who: str, kw: dict[str, Any]) -> dict[str, Any]:
+    return {**kw, "headers": {**kw.get("headers", {}), **AS[who]}}
+
+
+def test_every_route_keeps_tenants_apart_with_two_keys_and_an_operator_sees_all(sched: MemoryScheduler) -> None:
+    app = served_app(sched, TENANTS)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        native = client.post("/v1/sessions", json={"avatar": {"image": b64(png())}}, headers=AS["a"]).json()["id"]
+        watched = client.post("/v1/watch/sessions", json={"avatar": {"image": b64(png())}}, headers=AS["a"]).json()
+        room = watched["viewer"]["roomName"]
+        avatar = client.post("/v1/avatars", json={"image": b64(png()), "name": "a's"}, headers=AS["a"]).json()["id"]
+        while client.get(f"/v1/avatars/{avatar}", headers=AS["a"]).json()["status"] == "PROCESSING":
+            pass
+        runway = client.post("/v1/realtime_sessions", headers=AS["a"], json={
+            "model": "gwm1_avatars", "avatar": {"type": "custom", "avatarId": avatar}}).json()["id"]
+        a_sessions = {native, watched["session"]["id"], runway}
+        assert {s.api_key_id for s in sched.specs.values()} == {"a"} and set(sched.specs) == a_sessions
+        ids = {"session_id": runway, "avatar_id": avatar, "name": "face.png"}
+        bodies: dict[tuple[str, str], Any] = {
+            ("POST", "/v1/sessions/{session_id}/audio"): b"\0\0" * 160,
+            ("PATCH", "/v1/avatars/{avatar_id}"): {"name": "renamed"},
+            ("POST", "/v1/watch/token"): {"roomName": room},
+            ("POST", "/v1/realtime_sessions"): {"model": "gwm1_avatars",
+                                                "avatar": {"type": "custom", "avatarId": avatar}},
+        }
+
+        def state(sched: MemoryScheduler) -> tuple[Any, ...]:  # what b must not change
+            got = client.get(f"/v1/avatars/{avatar}", headers=AS["a"]).json()
+            return (len(sched.audio), len(sched.cleared), len(sched.specs), got["name"], got["status"],
+                    tuple((i.status, i.reason) for i in sched.infos.values()))
+
+        walked: set[tuple[str, str]] = set()
+        for route in app.routes:
+            if isinstance(route, Mount):
+                continue  # the watch page's files (no data)
+            for method in sorted((getattr(route, "methods", None) or {"GET"}) - {"HEAD"}):
+                op = (method, route.path)
+                walked.add(op)
+                path = re.sub(r"\{([^}:]+)(:path)?\}", lambda m: ids.get(m.group(1), "x"), route.path)
+                payload = bodies.get(op)
+                kw: dict[str, Any] = ({"content": payload, "headers": {"content-type": "application/octet-stream"}}
+                                      if isinstance(payload, bytes) else {"json": payload} if payload else {})
+                if op in SCOPED:
+                    if "audio" in path and method == "POST":
+                        path += "?sampleRate=16000&channels=1"
+                    before = state(sched)
+                    resp = client.request(method, path, **with_key("b", kw))
+                    err = resp.json()["error"]
+                    assert resp.status_code == 404 and err["code"] in ("session_not_found", "avatar_not_found"), (
+                        op, resp.text)
+                    assert state(sched) == before, op  # b changed nothing of a's
+                    assert err["message"].startswith("no ") and "another" not in err["message"], err
+                    if method != "DELETE":  # the operator reaches it (and ends nothing: a's things are checked below)
+                        assert client.request(method, path, **with_key("ops", kw)).status_code < 300, op
+                elif op in BY_BODY:
+                    resp = client.request(method, path, **with_key("b", kw))
+                    err = resp.json()["error"]
+                    assert resp.status_code in (404, 422) and err["field"] == BY_BODY[op] and err["code"] in (
+                        "session_not_found", "avatar_not_found"), (op, resp.text)
+                    assert client.request(method, path, **with_key("ops", kw)).status_code in (200, 201), op
+                elif op in LISTS:
+                    key = "sessions" if "sessions" in path else "data"
+                    assert client.get(path, headers=AS["b"]).json()[key] == [], op
+                    assert {x["id"] for x in client.get(path, headers=AS["ops"]).json()[key]} >= (
+                        a_sessions if key == "sessions" else {avatar}), op
+                else:
+                    assert op in CREATES | SERVICE | SESSION_KEYED, f"{op} is not placed in a tenancy class above"
+        assert walked == SCOPED | LISTS | set(BY_BODY) | CREATES | SERVICE | SESSION_KEYED
+        # nobody ended a's sessions (b could not; the operator's DELETEs were left out), b renamed nothing
+        assert all(not sched.infos[sid].status.terminal for sid in a_sessions)
+        assert client.get(f"/v1/avatars/{avatar}", headers=AS["a"]).json()["name"] == "renamed"  # by the operator
+        assert client.get("/v1/livekit", headers=AS["b"]).json()["apiSecret"] is None  # a secret mints any token
+        assert client.get("/v1/livekit", headers=AS["ops"]).json()["apiSecret"] == "secret"
+        # and a itself still reaches everything of its own
+        assert client.get(f"/v1/sessions/{runway}", headers=AS["a"]).status_code == 200
+        assert client.post("/v1/watch/token", json={"roomName": room}, headers=AS["a"]).status_code == 200
+        assert client.post("/v1/watch/token", json={"roomName": "elsewhere"}, headers=AS["a"]).status_code == 404
+        assert client.delete(f"/v1/sessions/{native}", headers=AS["a"]).json()["status"] == "ENDED"
+
+
+def test_every_grpc_method_keeps_tenants_apart() -> None:
+    sched = GrpcScheduler()
+
+    class Service(CharactersGrpc):
+        def __init__(self) -> None:
+            self.frontend = SessionFrontend(sched, LIMITS)
+            self.keys = TENANTS
+
+    svc = Service()
+
+    def md(who: str) -> list[tuple[str, str]]:
+        return [("authorization", AS[who]["Authorization"])]
+
+    async def main() -> None:
+        ctx = Context(md("a"))
+        sid = (await svc.CreateSession(pb.CreateSessionRequest(image=png()), ctx)).id  # type: ignore[arg-type]
+        assert ctx.code is None and sched.specs[sid].api_key_id == "a"
+        for name, request in (("GetSession", pb.GetSessionRequest(session_id=sid)),
+                              ("EndSession", pb.EndSessionRequest(session_id=sid))):
+            ctx = Context(md("b"))
+            await getattr(svc, name)(request, ctx)
+            assert ctx.code == grpc.StatusCode.NOT_FOUND and ctx.details.startswith("session_not_found:"), name
+
+        async def chunks() -> Any:
+            yield pb.AudioChunk(session_id=sid, pcm=b"\0\0" * 160, sample_rate=16000, channels=1)
+
+        ctx = Context(md("b"))
+        with pytest.raises(GrpcAbort):
+            async for _ in svc.StreamAudio(chunks(), ctx):  # type: ignore[arg-type]
+                pass
+        assert ctx.code == grpc.StatusCode.NOT_FOUND and sched.pushed == []
+        ctx = Context(md("b"))
+        assert list((await svc.ListSessions(pb.ListSessionsRequest(), ctx)).sessions) == []  # type: ignore[arg-type]
+        ctx = Context(md("ops"))
+        listed = await svc.ListSessions(pb.ListSessionsRequest(), ctx)  # type: ignore[arg-type]
+        assert [s.id for s in listed.sessions] == [sid] and not sched.infos[sid].status.terminal
+        ctx = Context(md("ops"))
+        ended = await svc.EndSession(pb.EndSessionRequest(session_id=sid), ctx)  # type: ignore[arg-type]
+        assert ctx.code is None and ended.status == pb.SESSION_STATUS_ENDED
+
+    asyncio.run(asyncio.wait_for(main(), 10))
 
 
 @pytest.mark.parametrize("path", ["/watch/../v1/capacity", "/watch/%2e%2e/v1/sessions", "/healthz/../v1/sessions",

@@ -9,7 +9,7 @@ import io
 import wave
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from livekit import api as lkapi
 from memory_scheduler import MemoryScheduler
 
+from characters.pacing import SegmentEvent
 from characters.telemetry import StageTime
 from deployments.api import watch
 from deployments.api.auth import ApiKeys
@@ -238,12 +239,18 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
     assert [t.stage for t in null.stages] == ["publish"]  # stamped with telemetry off too (SessionStats.stage_ms)
 
     class LiveKitLike:  # what RoomWorker reads of a LiveKitSink: write/close and the room's latest snapshot
-        latest_stats = SimpleNamespace(playout=SimpleNamespace(buffered_s=0.375, av_offset_ms=-2.5))
+        latest_stats = SimpleNamespace(playout=SimpleNamespace(buffered_s=0.375, av_offset_ms=-2.5, fps=23.5))
+        submitted: ClassVar[list[float | None]] = []
 
-        def write(self, frames: np.ndarray, pcm: np.ndarray) -> None: ...
+        def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+                  submitted_at: float | None = None) -> None:
+            self.submitted.append(submitted_at)
 
         def close(self) -> None: ...
 
     room.sink = LiveKitLike()
-    r = room.publish(ChunkInput("s", 1, np.zeros(b - a, np.float32)), Frames("s", 1, frames.frames))
-    assert (r.buffer_s, r.av_offset_s) == (0.375, -0.0025)
+    room._playback.append(SegmentEvent("started", "seg", latency_s=0.3))  # from the room's thread
+    r = room.publish(ChunkInput("s", 1, np.zeros(b - a, np.float32), 12.5), Frames("s", 1, frames.frames))
+    assert (r.buffer_s, r.av_offset_s, r.presented_fps) == (0.375, -0.0025, 23.5)
+    assert LiveKitLike.submitted == [12.5]  # the chunk's submit time reaches the playout
+    assert r.playback == (SegmentEvent("started", "seg", latency_s=0.3),) and not room._playback

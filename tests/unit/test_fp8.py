@@ -1,0 +1,300 @@
+"""The FP8 path on the CPU, as its reference emulation: e4m3 quantisation, the scaled GEMM's reference, the config's
+checks, FP8 linear layers (alone, in the model, split over gloo ranks, saved and loaded as FP8 safetensors), the FP8
+KV cache, and the error of an FP8 session against the reference along the cache (it must not grow with the chunk
+index). The kernels under TRITON_INTERPRET=1: tests/unit/test_kernels_fp8_triton.py; on the GPU: tests/gpu."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import save_file
+
+from characters.config import check_tensor_parallel, model_preset, session_config
+from characters.engine import DiTRunner
+from characters.kv_cache import KVCache
+from characters.process_group import free_port, join, leave
+from characters.tp import ParallelLinear
+from characters.weights import checkpoint_precision, save_model_config, save_weights
+from kernels.fp8 import (
+    FP8,
+    Fp8Act,
+    check_fp8_device,
+    dequantize_rows,
+    fp8_linear,
+    fp8_linear_ref,
+    quantize_rows_ref,
+    quantize_weight,
+)
+from kernels.testing import rel_err
+
+E4M3_REL = 2.0**-4  # half of e4m3's mantissa step: the largest relative rounding error of a normal value
+
+
+# ------------------------------------------------------------------------------------------------ quantisation
+def test_quantize_rows_scale_and_rounding() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, 64, generator=g) * torch.logspace(-3, 3, 7)[None, :, None]
+    x[:, :, :4] *= 1e-6  # a few values far under each row's max: e4m3 subnormals
+    act = quantize_rows_ref(x)
+    assert act.data.dtype == FP8 and act.data.shape == x.shape and act.scale.shape == (5, 7, 1)
+    torch.testing.assert_close(act.scale, x.abs().amax(-1, keepdim=True) / 448.0)
+    assert act.data.float().abs().amax(-1).eq(448.0).all()  # each row's largest value lands on e4m3's max
+    back = dequantize_rows(act)
+    normal = x.abs() >= act.scale * 2.0**-6  # inside e4m3's normal range the relative error is bounded
+    assert ((back - x).abs() <= E4M3_REL * x.abs() * (1 + 1e-6))[normal].all()
+    sub = ~normal  # subnormals: an absolute error of at most half their step, 2^-10 of the scale
+    assert ((back - x).abs() <= (act.scale * 2.0**-10 * (1 + 1e-6)).expand_as(x))[sub].all()
+
+
+def test_quantize_rows_is_exact_on_representable_values_and_zero_rows() -> None:
+    grid = torch.tensor([448.0, -1.0, 0.5, 0.0, 2.0**-6, 3.25, -224.0, 12.0])
+    act = quantize_rows_ref(torch.stack([grid * 0.01, torch.zeros(8)]))
+    assert torch.equal(dequantize_rows(act)[0], grid * 0.01)
+    assert torch.equal(act.data[1].float(), torch.zeros(8)) and act.scale[1].item() > 0
+
+
+def test_quantize_weight_per_output_channel() -> None:
+    w = torch.randn(48, 32) * torch.arange(1, 49)[:, None]
+    w8, s = quantize_weight(w)
+    assert w8.shape == (48, 32) and s.shape == (48,)
+    assert rel_err(w8.float() * s[:, None], w) < 0.04
+    with pytest.raises(ValueError, match=r"expected \(N, K\)"):
+        quantize_weight(torch.randn(3, 4, 5))
+
+
+def test_fp8_linear_reference_is_the_dequantised_gemm() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = quantize_rows_ref(torch.randn(2, 9, 64, generator=g))
+    w8, sw = quantize_weight(torch.randn(32, 64, generator=g))
+    bias = torch.randn(32, generator=g)
+    want = (x.data.double() * x.scale.double()) @ (w8.double() * sw.double()[:, None]).t() + bias.double()
+    got = fp8_linear(x.data, x.scale, w8, sw, bias, torch.float32)  # CPU: the reference
+    assert got.shape == (2, 9, 32) and rel_err(got, want) < 1e-6
+    assert torch.equal(got, fp8_linear_ref(x.data, x.scale, w8, sw, bias, torch.float32))
+    with pytest.raises(ValueError, match="one scale per row"):
+        fp8_linear(x.data, x.scale[..., 0], w8, sw)
+    with pytest.raises(ValueError, match=r"must be torch\.float8_e4m3fn"):
+        fp8_linear(x.data.float(), x.scale, w8, sw)
+
+
+# ------------------------------------------------------------------------------------------------ config and device
+def test_precision_defaults_and_checks() -> None:
+    assert model_preset("57b").precision == "bf16" and model_preset("57b").attention_precision == "bf16"
+    assert session_config("57b", "h100x4", model={"precision": "fp8"}).model.precision == "fp8"  # 3 + 1 in FP8
+    with pytest.raises(ValueError, match=r"attention_precision='fp8' needs generation.cache_mode='write_time'"):
+        model_preset("tiny", attention_precision="fp8", generation={"cache_mode": "naive"})
+    with pytest.raises(ValueError, match=r"precision='fp8' needs dit.ffn_dim divisible by 16 .*got 770: round it"):
+        model_preset("tiny", precision="fp8", dit={"ffn_dim": 770})
+    with pytest.raises(ValueError, match=r"with 2 tensor-parallel ranks needs dit.dim=208 divisible by 32"):
+        check_tensor_parallel(model_preset("tiny", dit={"dim": 208, "num_heads": 2}, vae={"latent_channels": 8},
+                                           precision="fp8").dit, 2, "fp8")
+    with pytest.raises(ValueError, match="precision"):
+        model_preset("tiny", precision="fp16")
+
+
+def test_fp8_is_refused_on_the_cpu_unless_emulated() -> None:
+    cfg = session_config("tiny", "cpu", weights="random", model={"precision": "fp8"})
+    with pytest.raises(ValueError, match=r"model.precision='fp8' needs a CUDA GPU with FP8 tensor cores .* cpu"):
+        DiTRunner(cfg)
+    cfg = session_config("tiny", "cpu", weights="random", model={"attention_precision": "fp8"})
+    with pytest.raises(ValueError, match=r"model.attention_precision='fp8'"):
+        DiTRunner(cfg)
+    check_fp8_device("cpu", "model.precision", emulate=True)  # the emulation is allowed
+
+
+def test_fp8_is_refused_on_a_gpu_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"model.precision='fp8' needs compute capability >= 8.9 .*A100.* has 8.0"):
+        check_fp8_device("cuda", "model.precision")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_device("cuda", "model.precision")  # Hopper: accepted
+
+
+# ------------------------------------------------------------------------------------------------ layers and model
+def test_parallel_linear_fp8() -> None:
+    layer = ParallelLinear(64, 48, "column")
+    x = torch.randn(3, 64)
+    ref_weight = layer.weight.detach().clone()
+    layer.to_fp8_()
+    assert layer.fp8 and layer.weight.dtype == FP8 and layer.weight_scale.shape == (48,)
+    assert rel_err(layer.weight.float() * layer.weight_scale[:, None], ref_weight) < 0.04
+    act = quantize_rows_ref(x)
+    assert torch.equal(layer(act), fp8_linear_ref(act.data, act.scale, layer.weight, layer.weight_scale,
+                                                  layer.bias, torch.float32))
+    assert torch.equal(layer(x), layer(act))  # a plain tensor is quantised on the way in
+    assert "weight_scale" in layer.state_dict()
+    plain = ParallelLinear(64, 48, "column")
+    with pytest.raises(ValueError, match="an FP8 activation reached a bf16 layer"):
+        plain(act)
+    with pytest.raises(RuntimeError, match="shard first"):
+        layer.shard_(0, 2, None)
+
+
+def _runner(precision: str = "bf16", attention: str = "bf16", **kw: object) -> DiTRunner:
+    cfg = session_config("tiny", "cpu", seed=4, weights=kw.pop("weights", "random"),  # type: ignore[arg-type]
+                         model={"precision": precision, "attention_precision": attention,
+                                **kw.pop("model", {})})  # type: ignore[dict-item]
+    return DiTRunner(cfg, emulate_fp8=True, **kw)  # type: ignore[arg-type]
+
+
+def _session(runner: DiTRunner, chunks: int) -> list[torch.Tensor]:
+    h, w = runner.cfg.model.latent_hw
+    ref = torch.randn(1, runner.cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(1))
+    runner.start(ref, seed=3)
+    rng = np.random.default_rng(0)
+    return [runner.step(rng.uniform(-0.5, 0.5, runner.frontend.expected_samples).astype(np.float32)).clone()
+            for _ in range(chunks)]
+
+
+def test_fp8_model_differs_from_the_reference_by_quantisation_only() -> None:
+    model = {"dit": {"num_layers": 2}}
+    base = _session(_runner(model=model), 3)
+    fp8 = _runner("fp8", "fp8", model=model)
+    assert all(b.fc1.weight.dtype == FP8 for b in fp8.dit.blocks)  # type: ignore[union-attr]
+    assert fp8.dit.blocks[0].cross_attn.kv.weight.dtype == torch.float32  # type: ignore[union-attr]
+    errs = [rel_err(b, a) for a, b in zip(base, _session(fp8, 3), strict=True)]
+    assert all(1e-3 < e < 0.1 for e in errs), errs  # quantised (not the reference itself), and close to it
+
+
+def test_fp8_kv_cache_is_half_the_memory() -> None:
+    m = model_preset("tiny", attention_precision="fp8")
+    fp8 = KVCache(m, local_heads=4, device="cpu", dtype=torch.bfloat16)
+    bf16 = KVCache(model_preset("tiny"), local_heads=4, device="cpu", dtype=torch.bfloat16)
+    assert fp8.k.dtype == FP8 and fp8.vt.shape == (4, 1, 4, 48, m.cache_tokens)  # V transposed
+    # e4m3 K and V (2 x 48 bytes per head and key) plus a float32 V scale (4 bytes): 100 / 192 of bf16's
+    assert fp8.nbytes() / bf16.nbytes() == pytest.approx(100 / 192, rel=1e-3)
+    fp8.v_scale.fill_(3.0)
+    fp8.reset()
+    assert fp8.v_scale.abs().sum() == 0
+
+
+def _grows(errs: list[float] | np.ndarray) -> bool:
+    """Whether a per-chunk error series grows along the session: the mean of its last quarter is 1.5 times that of
+    its first (plus a floor for errors at rounding level)."""
+    e = np.asarray(errs)
+    q = len(e) // 4
+    return bool(e[-q:].mean() > 1.5 * e[:q].mean() + 1e-4)
+
+
+def test_growth_criterion_detects_growth() -> None:
+    flat = 0.02 + 0.002 * np.random.default_rng(0).standard_normal(100)
+    assert not _grows(flat)
+    assert _grows(flat * np.linspace(1.0, 2.5, 100))  # error carried through the cache, compounding
+    assert _grows(flat + np.linspace(0, 0.03, 100))
+
+
+@pytest.mark.parametrize("attention", ["bf16", "fp8"])
+def test_fp8_error_does_not_grow_along_the_cache(attention: str) -> None:
+    """40 chunks (the ring of 4 slots turns over 10 times) of a 2-layer tiny: FP8 against the reference."""
+    model = {"dit": {"num_layers": 2}}
+    base = _session(_runner(model=model), 40)
+    fp8 = _session(_runner("fp8", attention, model=model), 40)
+    errs = [rel_err(b, a) for a, b in zip(base, fp8, strict=True)]
+    assert max(errs) < 0.1 and not _grows(errs), errs
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints and TP
+def _fp8_checkpoint(directory: Path) -> DiTRunner:
+    """A whole FP8 DiT saved as safetensors (with the audio encoder it needs), from a seeded FP8 runner."""
+    runner = _runner("fp8", model={"dit": {"num_layers": 2}})
+    save_model_config(runner.cfg.model, directory)
+    save_weights(runner.dit, directory / "dit.safetensors")
+    save_weights(runner.audio_encoder, directory / "audio.safetensors")
+    return runner
+
+
+def test_fp8_checkpoint_loads_as_fp8(tmp_path: Path) -> None:
+    saved = _fp8_checkpoint(tmp_path)
+    assert checkpoint_precision(tmp_path) == "fp8"
+    loaded = DiTRunner(saved.cfg.model_copy(update={"weights": str(tmp_path), "seed": 11}), emulate_fp8=True)
+    for a, b in zip(saved.dit.state_dict().values(), loaded.dit.state_dict().values(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype == FP8 else a,
+                                                  b.view(torch.uint8) if b.dtype == FP8 else b)
+    bf16 = saved.cfg.model_copy(update={"weights": str(tmp_path),
+                                        "model": saved.cfg.model.model_copy(update={"precision": "bf16"})})
+    with pytest.raises(ValueError, match=r"hold FP8 linear layers but model\.precision='bf16'"):
+        DiTRunner(bf16, emulate_fp8=True)
+
+
+def test_bf16_checkpoint_is_quantised_at_load(tmp_path: Path) -> None:
+    ref = _runner(model={"dit": {"num_layers": 2}})
+    save_model_config(ref.cfg.model, tmp_path)
+    save_weights(ref.dit, tmp_path / "dit.safetensors")
+    save_weights(ref.audio_encoder, tmp_path / "audio.safetensors")
+    assert checkpoint_precision(tmp_path) == "bf16"
+    cfg = ref.cfg.model_copy(update={"weights": str(tmp_path), "seed": 11,
+                                     "model": ref.cfg.model.model_copy(update={"precision": "fp8"})})
+    fp8 = DiTRunner(cfg, emulate_fp8=True)
+    w8, s = quantize_weight(ref.dit.blocks[1].fc2.weight.detach())  # type: ignore[union-attr]
+    assert torch.equal(fp8.dit.blocks[1].fc2.weight.view(torch.uint8), w8.view(torch.uint8))  # type: ignore[union-attr]
+    assert torch.equal(fp8.dit.blocks[1].fc2.weight_scale, s)  # type: ignore[union-attr]
+
+
+def _tp_rank(rank: int, ranks: int, directory: str, sp: bool, out: str) -> None:
+    cfg = json.loads(Path(directory, "cfg.json").read_text())
+    from characters.config import SessionConfig
+
+    session = SessionConfig.model_validate(cfg)
+    session = session.model_copy(update={"topology": session.topology.model_copy(update={"sequence_parallel": sp})})
+    runner = DiTRunner(session, group=dist.group.WORLD, rank=rank, ranks=ranks, emulate_fp8=True)
+    torch.save(_session(runner, 3), f"{out}.{rank}")
+
+
+def _bootstrap(rank: int, ranks: int, port: int, *args: object) -> None:
+    torch.set_num_threads(1)
+    join("gloo", port, rank, ranks)
+    done = False
+    try:
+        _tp_rank(rank, ranks, *args)  # type: ignore[arg-type]
+        done = True
+    finally:
+        leave(wait=done)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_fp8_tensor_parallel_from_an_fp8_checkpoint(tmp_path: Path, sp: bool) -> None:
+    """Two gloo ranks load their slices of an FP8 checkpoint (weights and per-channel scales) and run a session.
+    Row-parallel inputs are quantised per token over each rank's own slice (finer groups than one rank's whole
+    row), so the split session is not bit-equal to the one-rank FP8 session: it is within quantisation noise of it
+    (1.4% measured; a mis-sliced weight or scale is off by ~100%)."""
+    saved = _fp8_checkpoint(tmp_path)
+    cfg = saved.cfg.model_copy(update={"weights": str(tmp_path)})
+    (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
+    one = _session(DiTRunner(cfg, emulate_fp8=True), 3)
+    out = str(tmp_path / "out")
+    mp.spawn(_bootstrap, args=(2, free_port(), str(tmp_path), sp, out), nprocs=2, join=True)
+    for rank in range(2):
+        split = torch.load(f"{out}.{rank}")
+        for a, b in zip(one, split, strict=True):
+            assert rel_err(b, a) < 3e-2
+        assert torch.equal(split[-1], torch.load(f"{out}.{1 - rank}")[-1])  # every rank holds the same latents
+
+
+def test_fp8_act_gather_moves_bytes() -> None:
+    """Sequence parallelism's gather of an FP8 activation without communication (one rank's share): the rank's
+    rows land in its block as bytes, scales beside them."""
+    from characters.tp import TokenShards
+
+    shards = TokenShards(1, 2, None, communicate=False)
+    shards.begin(6)
+    act = quantize_rows_ref(torch.randn(1, 3, 32))
+    whole = shards.gather_act(act)
+    assert whole.data.dtype == FP8 and whole.data.shape == (1, 6, 32) and whole.scale.shape == (1, 6, 1)
+    assert torch.equal(whole.data[:, 3:].view(torch.uint8), act.data.view(torch.uint8))
+    assert torch.equal(whole.scale[:, 3:], act.scale)
+    assert isinstance(whole, Fp8Act)
+
+
+def test_save_file_keeps_e4m3(tmp_path: Path) -> None:
+    w8, _ = quantize_weight(torch.randn(4, 16))
+    save_file({"w": w8}, str(tmp_path / "x.safetensors"))
+    from safetensors.torch import load_file
+
+    assert load_file(str(tmp_path / "x.safetensors"))["w"].dtype == FP8
