@@ -345,7 +345,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         dit=DiTConfig(num_layers=4, dim=192, num_heads=4, ffn_dim=768, latent_channels=8, audio_dim=128,
                       cross_dim=192),
         vae=VAEConfig(latent_channels=8, base_channels=4, channel_mult=(1, 2, 4, 8), num_res_blocks=0,
-                      encoder_base_channels=8),
+                      encoder_base_channels=8, decoder_output="pixel_shuffle"),  # no full-resolution conv (CPU)
         audio=_AUDIO,
         generation=GenerationConfig(height=176, width=272, latent_frames_per_chunk=1, window_latent_frames=3,
                                     denoising_steps=2, cache_update="last_step"),
