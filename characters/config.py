@@ -79,6 +79,14 @@ class VAEConfig(_Frozen):
     num_res_blocks: int = Field(
         default=2, description="Residual blocks per encoder stage; each decoder stage has one more (Wan).", ge=0)
     encoder_base_channels: int = Field(description="Encoder channels at full resolution.", ge=1)
+    decoder_output: Literal["conv", "pixel_shuffle"] = Field(
+        default="conv",
+        description="How the decoder reaches full resolution. 'conv' (Wan's): a third 2x up-sampling, a "
+        "full-resolution stage and a causal 3x3x3 conv to RGB. 'pixel_shuffle': no full-resolution stage (the "
+        "first multiplier is then the encoder's only); the half-resolution stage's causal 3x3x3 output conv makes "
+        "each position's 2x2 RGB pixels (12 channels, a learned 2x pixel shuffle): the CPU default's choice, "
+        "where full-resolution passes were over half of the decoder's time.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> VAEConfig:
@@ -252,6 +260,13 @@ class TopologyConfig(_Frozen):
         default=None, description="Ray accelerator label to pin sessions to a GPU type (e.g. H100); None: any."
     )
     room_cpus: float = Field(default=1.0, description="CPUs reserved for the room worker.", gt=0)
+    dit_cpu_threads: int = Field(
+        default=1, ge=1, le=64,
+        description="Intra-op threads of each DiT rank on a CPU. One: the DiT of chunk k+1 runs beside the decode of "
+        "chunk k (serving's pipeline, `characters demo`'s two threads), one core each; a second thread per stage "
+        "costs CPU time for little wall time at the tiny preset's sizes (benchmarks/cpu_tiny.json).")
+    decoder_cpu_threads: int = Field(
+        default=1, ge=1, le=64, description="Intra-op threads of the VAE decoder on a CPU (see dit_cpu_threads).")
     sequence_parallel: bool = Field(
         default=False,
         description="With dit_ranks > 1: split the residual stream by tokens between the tensor-parallel layers "
@@ -330,7 +345,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         dit=DiTConfig(num_layers=4, dim=192, num_heads=4, ffn_dim=768, latent_channels=8, audio_dim=128,
                       cross_dim=192),
         vae=VAEConfig(latent_channels=8, base_channels=4, channel_mult=(1, 2, 4, 8), num_res_blocks=0,
-                      encoder_base_channels=8),
+                      encoder_base_channels=8, decoder_output="pixel_shuffle"),  # no full-resolution conv (CPU)
         audio=_AUDIO,
         generation=GenerationConfig(height=176, width=272, latent_frames_per_chunk=1, window_latent_frames=3,
                                     denoising_steps=2, cache_update="last_step"),

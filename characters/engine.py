@@ -308,6 +308,11 @@ class DecoderRunner:
         # windows: each causal conv's input written in place by the fused norm + SiLU (see characters.vae)
         self.state = self.decoder.init_state(1, h, w, self.device, self.dtype, memory_format=fmt,
                                              chunk_frames=m.generation.latent_frames_per_chunk if windows else None)
+        # CPU: up-samplings as sub-pixel convs, and uint8 frames straight from conv_out (one pass: `frames_uint8`)
+        self.uint8_out = (not cuda and windows and not compile and fmt == torch.channels_last_3d
+                          and self.dtype == torch.float32)
+        if self.uint8_out:
+            self.decoder.prepare_cpu()
         if cuda:
             self.decoder.pad_output(8)
             # static shapes: let cuDNN time its conv algorithms once (at warm-up, before any capture)
@@ -327,6 +332,8 @@ class DecoderRunner:
         self.chunk = 0
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        if self.uint8_out:
+            return self.decoder.frames_uint8(latents, self.state)[0]  # (F, H, W, 3)
         video = self._forward(latents, self.state)  # (1, 3, F, H, W)
         frames = ((video[0].float() + 1) * 127.5).round_().to(torch.uint8)  # (3, F, H, W)
         return frames.permute(1, 2, 3, 0).contiguous()  # (F, H, W, 3)

@@ -108,16 +108,29 @@ class CausalConv3d(nn.Conv3d):
         frames as the next chunk's cache. window (B, cin, kt - 1 + T, h', w') -> (B, cout, T, h', w').
         The conv runs without its bias, added after in one fused pass, or (`with_bias=False`) left to
         the caller to fold into the next step (the next `norm_silu`, a residual add, an up-sampling)."""
-        y = self._conv(window, self.weight if weight is None else weight, None)
+        if with_bias:
+            bias = self.bias if bias is None else bias
+            assert bias is not None  # every decoder conv has one
+        inline = with_bias and window.device.type == "cpu"  # oneDNN adds a bias for free; cuDNN's is a pass
+        y = self._conv(window, self.weight if weight is None else weight, bias if inline else None)
         t = window.shape[2] - self.past
         frames = window.permute(0, 2, 3, 4, 1)  # (B, kt - 1 + T, h', w', cin): dense blocks when channels-last
         tail = frames[:, t:]
         frames[:, : self.past].copy_(tail if t >= self.past else tail.clone())  # overlapping when T < kt - 1
-        if with_bias:
-            bias = self.bias if bias is None else bias
-            assert bias is not None  # every decoder conv has one
+        if with_bias and not inline:
+            assert bias is not None
             y = bias_add(y, bias, out=y)
         return y
+
+    def norm_silu_window(self, x: torch.Tensor, norm: RMSNorm, windows: list[torch.Tensor],
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+        """This conv's window with `silu(norm(x (+ bias)))` written into its tail (a new tensor for a kt = 1
+        conv, which keeps no window)."""
+        if not self.past:
+            return norm_silu(x, norm.weight, norm.eps, bias=bias)
+        window = windows[self.slot]
+        norm_silu(x, norm.weight, norm.eps, out=window[:, :, self.past :], bias=bias)
+        return window
 
     def write_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
         """This conv's window, (B, cin, kt - 1 + T, h', w'), with x in its tail (an `Unsummed` x summed on the way)."""
@@ -132,7 +145,10 @@ class CausalConv3d(nn.Conv3d):
         """The serving form of `forward`: x written into this conv's window (no concatenation)."""
         if not self.past:
             assert self.bias is not None  # every decoder conv has one
-            return bias_add(y := self._conv(summed(x), self.weight, None), self.bias, out=y)
+            x = summed(x)
+            if x.device.type == "cpu":
+                return self._conv(x, self.weight, self.bias)  # oneDNN adds the bias in the conv
+            return bias_add(y := self._conv(x, self.weight, None), self.bias, out=y)
         return self.run_window(self.write_window(x, windows))
 
     def _conv_per_tap(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -155,14 +171,14 @@ class CausalConv3d(nn.Conv3d):
 
 
 class ResBlock(nn.Module):
-    """norm -> SiLU -> causal conv -> norm -> SiLU -> causal conv, plus the input."""
+    """norm -> SiLU -> causal conv -> norm -> SiLU -> causal conv, plus the input. `kt` = 1: per-frame 3x3 convs."""
 
-    def __init__(self, c: int, scale: int, frames: int) -> None:
+    def __init__(self, c: int, scale: int, frames: int, kt: int = 3) -> None:
         super().__init__()
         self.norm1 = RMSNorm(c)
-        self.conv1 = CausalConv3d(c, c, (3, 3, 3), scale, frames)
+        self.conv1 = CausalConv3d(c, c, (kt, 3, 3), scale, frames)
         self.norm2 = RMSNorm(c)
-        self.conv2 = CausalConv3d(c, c, (3, 3, 3), scale, frames)
+        self.conv2 = CausalConv3d(c, c, (kt, 3, 3), scale, frames)
 
     def forward(self, x: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:  # (B, c, T, h', w')
         y = self.conv1(F.silu(self.norm1(x)), caches)
@@ -175,8 +191,7 @@ class ResBlock(nn.Module):
         x = summed(x)  # (B, c, T, h', w')
         y, bias = x, None
         for norm, conv in ((self.norm1, self.conv1), (self.norm2, self.conv2)):
-            window = windows[conv.slot]
-            norm_silu(y, norm.weight, norm.eps, out=window[:, :, conv.past :], bias=bias)
+            window = conv.norm_silu_window(y, norm, windows, bias)
             y, bias = conv.run_window(window, with_bias=False), conv.bias
         assert bias is not None
         return Unsummed(y, bias, x)
@@ -209,7 +224,9 @@ class FrameAttention(nn.Module):
         every fused kernel's head-size limit (256), where SDPA falls back to its float32 math path; on
         CUDA two half-precision GEMMs around a float32 softmax do the same work at tensor-core speed."""
         c = q.shape[-1]
-        if not q.is_cuda or c <= 256 or q.dtype == torch.float32:
+        if not q.is_cuda:  # (N', 1, n, c): one head, 4-D, takes the fused (flash) CPU kernel; 3-D took the math path
+            return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+        if c <= 256 or q.dtype == torch.float32:
             return F.scaled_dot_product_attention(q, k, v)
         scores = torch.baddbmm(q.new_empty(()), q, k.transpose(1, 2), beta=0.0, alpha=c**-0.5)  # (N', n, n)
         return torch.bmm(scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype), v)  # (N', n, c)
@@ -224,6 +241,52 @@ class Upsample(nn.Module):
         self.time_conv = CausalConv3d(cin, 2 * cin, (3, 1, 1), scale, frames) if temporal else None
         frames = 2 * frames if temporal else frames
         self.conv = CausalConv3d(cin, cout, (1, 3, 3), 2 * scale, frames)
+        self._subpixel: tuple[torch.Tensor, torch.Tensor] | None = None  # see prepare_subpixel
+
+    @torch.no_grad()
+    def prepare_subpixel(self) -> None:
+        """The CPU serving form of up-sampling + 3x3 conv: nearest 2x followed by a 3x3 conv is, exactly, one 3x3
+        conv over the input with 4 cout outputs (one 2x2-tap kernel per output pixel phase (dy, dx), zeros in the
+        other taps) whose outputs are then shuffled into the 2x grid. The 4x up-sampled tensor is never made.
+        Call after the weights are final (loaded, cast)."""
+        w = self.conv.weight.detach()[:, :, 0]  # (cout, cin, 3, 3): taps at offsets -1, 0, +1 of the 2x grid
+        cout, cin = w.shape[:2]
+        # phase d of the 2x grid, input tap a (offset a - 1) -> the 2x-grid taps that land on it
+        lands = (((0,), (1, 2), ()), ((), (0, 1), (2,)))
+        k = w.new_zeros(2, 2, cout, cin, 3, 3)  # (dy, dx, cout, cin, 3, 3)
+        for dy, dx, a, b in ((dy, dx, a, b) for dy in range(2) for dx in range(2) for a in range(3) for b in range(3)):
+            for ky in lands[dy][a]:
+                for kx in lands[dx][b]:
+                    k[dy, dx, :, :, a, b] += w[:, :, ky, kx]
+        bias = self.conv.bias
+        assert bias is not None  # every decoder conv has one
+        self._subpixel = (k.reshape(4 * cout, cin, 3, 3).contiguous(memory_format=torch.channels_last),
+                          bias.detach().repeat(4))
+
+    def _forward_subpixel(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+        """`forward_window` on CPU after `prepare_subpixel`: the same values (float rounding aside)."""
+        assert self._subpixel is not None
+        if self.time_conv is not None:
+            conv = self.time_conv
+            y = conv.run_window(conv.write_window(x, windows))  # (B, 2c, T, h', w'), bias in
+            b, c2, t, h, w = y.shape
+            c = c2 // 2
+            # frame 2t + i is half i of frame t: (B, T, h', w', 2, c) -> (B*2T, h', w', c), one copy
+            frames = y.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, 2, c).permute(0, 1, 4, 2, 3, 5).reshape(
+                b * 2 * t, h, w, c).permute(0, 3, 1, 2)  # (B*T', c, h', w') channels-last
+            t = 2 * t
+        else:
+            s = summed(x)  # (B, c, T, h', w') channels-last
+            b, c, t, h, w = s.shape
+            frames = s.transpose(1, 2).reshape(b * t, c, h, w)  # (B*T, c, h', w'), a view
+        weight, bias = self._subpixel
+        r = F.conv2d(frames, weight, bias, padding=1)  # (B*T', 4 cout, h', w') channels-last, (dy, dx, cout)
+        cout = weight.shape[0] // 4
+        out = r.new_empty(b, t, 2 * h, 2 * w, cout).permute(0, 4, 1, 2, 3)  # (B, cout, T', 2h', 2w') channels-last
+        # (B, T', h', w', dy, dx, cout) -> (B, T', h', dy, w', dx, cout): the 2x grid's row-major order
+        src = r.permute(0, 2, 3, 1).reshape(b, t, h, w, 2, 2, cout).permute(0, 1, 2, 4, 3, 5, 6)
+        out.permute(0, 2, 3, 4, 1).view(b, t, h, 2, w, 2, cout).copy_(src)
+        return out
 
     def forward(self, x: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:  # (B, cin, T, h', w')
         if self.time_conv is not None:
@@ -235,7 +298,10 @@ class Upsample(nn.Module):
 
     def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
         """The serving form: one pass reads the up-sampling's input (with its pending bias and residual, or
-        the time conv's output with its bias) and writes the 2x copies in the 3x3 conv's channels-last layout."""
+        the time conv's output with its bias) and writes the 2x copies in the 3x3 conv's channels-last layout.
+        On CPU after `prepare_subpixel`, the sub-pixel form instead (no 2x copies at all)."""
+        if self._subpixel is not None and (x.y if isinstance(x, Unsummed) else x).device.type == "cpu":
+            return self._forward_subpixel(x, windows)
         if self.time_conv is not None:
             conv = self.time_conv
             y = conv.run_window(conv.write_window(x, windows), with_bias=False)  # (B, 2cin, T, h', w'), no bias yet
@@ -270,6 +336,9 @@ class CausalDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         widths = [cfg.base_channels * m for m in reversed(cfg.channel_mult)]  # lowest resolution first
+        self.shuffle = 2 if cfg.decoder_output == "pixel_shuffle" else 1  # output pixels per position, each way
+        if self.shuffle > 1:
+            widths = widths[:-1]  # no full-resolution stage: the output conv makes 2x2 pixels per position
         scale, frames = 1, 1
         self.conv_in = CausalConv3d(cfg.latent_channels, widths[0], (3, 3, 3), scale, frames)
         # The mid block, then the stages from the lowest resolution up, run in this order.
@@ -281,17 +350,29 @@ class CausalDecoder(nn.Module):
             ]
         )
         for i, c in enumerate(widths):
-            self.blocks.extend(ResBlock(c, scale, frames) for _ in range(cfg.num_res_blocks + 1))
+            kt = 1 if self.shuffle > 1 and i == len(widths) - 1 else 3  # a shuffled decoder's last stage: per frame
+            self.blocks.extend(ResBlock(c, scale, frames, kt) for _ in range(cfg.num_res_blocks + 1))
             if i < len(widths) - 1:
                 temporal = i < 2  # 4x = two 2x temporal up-samplings, at the two lowest resolutions
                 self.blocks.append(Upsample(c, widths[i + 1], scale, frames, temporal))
                 scale, frames = 2 * scale, (2 * frames if temporal else frames)
         self.norm_out = RMSNorm(widths[-1])
-        self.conv_out = CausalConv3d(widths[-1], 3, (3, 3, 3), scale, frames)
+        # 3 output channels, or 3 per pixel of each position's s x s block, ordered (dy, dx, rgb): `unshuffle`
+        self.conv_out = CausalConv3d(widths[-1], 3 * self.shuffle**2, (kt, 3, 3), scale, frames)
         self.cached_convs = [m for m in self.modules() if isinstance(m, CausalConv3d) and m.past > 0]
         for slot, conv in enumerate(self.cached_convs):
             conv.slot = slot
         self._out_weight: tuple[torch.Tensor, torch.Tensor] | None = None  # conv_out padded, see pad_output
+        self._u8_weight: tuple[torch.Tensor, torch.Tensor] | None = None  # conv_out in 0..255, see frames_uint8
+
+    def unshuffle(self, y: torch.Tensor) -> torch.Tensor:
+        """conv_out's output (B, 3 s^2, T, h', w'), channels (dy, dx, rgb), -> the video (B, 3, T, s h', s w')."""
+        s = self.shuffle
+        if s == 1:
+            return y
+        b, _, t, h, w = y.shape
+        y = y.reshape(b, s, s, 3, t, h, w).permute(0, 3, 4, 5, 1, 6, 2)  # (B, 3, T, h', dy, w', dx)
+        return y.reshape(b, 3, t, h * s, w * s)
 
     def pad_output(self, multiple: int = 8) -> None:
         """Serve `conv_out` with its 3 output channels zero-padded to `multiple` (cuDNN's channels-last
@@ -307,23 +388,64 @@ class CausalDecoder(nn.Module):
     def forward_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
         """`forward` for a serving state (`init_state(..., chunk_frames)`), same result: every
         norm + SiLU before a causal conv writes into that conv's window, nothing is concatenated."""
-        x: torch.Tensor | Unsummed = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
-        for block in self.blocks:
-            x = block.forward_window(x, windows)  # type: ignore[operator]  # ends at (B, c3, 4*Tc, 8h, 8w)
-        conv, window = self.conv_out, windows[self.conv_out.slot]
-        norm_silu(summed(x), self.norm_out.weight, self.norm_out.eps, out=window[:, :, conv.past :])
+        window = self._trunk_window(z, windows)
+        conv = self.conv_out
         if self._out_weight is None:
             x = conv.run_window(window)
         else:
             x = conv.run_window(window, *self._out_weight)[:, : conv.out_channels]
-        return x.clamp(-1.0, 1.0)  # (B, 3, 4*Tc, 8h, 8w)
+        return self.unshuffle(x).clamp(-1.0, 1.0)  # (B, 3, 4*Tc, 8h, 8w)
+
+    def _trunk_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        """Everything up to conv_out, whose window it returns with this chunk's input written in."""
+        x: torch.Tensor | Unsummed = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
+        for block in self.blocks:
+            x = block.forward_window(x, windows)  # type: ignore[operator]  # ends at (B, c, 4*Tc, 8h/s, 8w/s)
+        return self.conv_out.norm_silu_window(summed(x), self.norm_out, windows)
+
+    def prepare_cpu(self) -> None:
+        """The CPU serving forms, from the final weights (call after loading, casting, laying out): every
+        up-sampling as a sub-pixel conv (`Upsample.prepare_subpixel`), and conv_out for `frames_uint8`."""
+        for m in self.modules():
+            if isinstance(m, Upsample):
+                m.prepare_subpixel()
+        self.prepare_uint8()
+
+    @torch.no_grad()
+    def prepare_uint8(self) -> None:
+        """Fold the frames' [-1, 1] -> 0..255 mapping (and the +0.5 of rounding) into conv_out's weight and bias,
+        for `frames_uint8`. Call after the weights are final (loaded, cast, laid out)."""
+        w, b = self.conv_out.weight.detach(), self.conv_out.bias
+        assert b is not None  # conv_out is built with a bias
+        self._u8_weight = ((w * 127.5).contiguous(memory_format=_CL3D), b.detach() * 127.5 + 128.0)
+
+    def frames_uint8(self, z: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """The serving output on CPU: (B, C, Tc, h, w) -> frames (B, 4*Tc, 8h, 8w, 3) uint8, equal to
+        `round((decode_chunk(z) + 1) * 127.5)` in frame-major layout (rounding ties aside: within 1 of it).
+        conv_out runs with the mapping folded in (`prepare_uint8`); then one clamp and one copy that casts, puts
+        the pixels in frame-major order and un-shuffles. Needs a serving state (`init_state(..., chunk_frames)`)."""
+        if self._u8_weight is None:
+            raise ValueError("frames_uint8 before prepare_uint8: call decoder.prepare_uint8() (or prepare_cpu()) once "
+                             "the weights are final")
+        if state.windows is None or z.shape[2] != state.chunk_frames:
+            raise ValueError(f"frames_uint8 needs a serving state for chunks of {z.shape[2]} latent frames; "
+                             "call init_state(..., chunk_frames=...)")
+        self._check_latents(z, state)
+        y = self.conv_out.run_window(self._trunk_window(z, state.windows), *self._u8_weight)  # (B, 3 s^2, T, h', w')
+        y = y.clamp_(0.0, 255.5)  # truncation below is rounding: +0.5 is in the bias
+        b, _, t, h, w = y.shape
+        s = self.shuffle
+        out = torch.empty(b, t, h * s, w * s, 3, dtype=torch.uint8, device=y.device)  # (B, F, H, W, 3)
+        src = y.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, s, s, 3)  # a view when channels-last: (.., dy, dx, rgb)
+        out.view(b, t, h, s, w, s, 3).copy_(src.permute(0, 1, 2, 4, 3, 5, 6))
+        return out
 
     def forward(self, z: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:
         x = self.conv_in(z, caches)  # (B, c0, Tc, h, w)
         for block in self.blocks:
-            x = block(x, caches)  # ends at (B, c3, 4*Tc, 8h, 8w)
-        x = self.conv_out(F.silu(self.norm_out(x)), caches)  # (B, 3, 4*Tc, 8h, 8w)
-        return x.clamp(-1.0, 1.0)
+            x = block(x, caches)  # ends at (B, c, 4*Tc, 8h/s, 8w/s)
+        x = self.conv_out(F.silu(self.norm_out(x)), caches)  # (B, 3 s^2, 4*Tc, 8h/s, 8w/s)
+        return self.unshuffle(x).clamp(-1.0, 1.0)  # (B, 3, 4*Tc, 8h, 8w)
 
     def init_state(
         self, batch: int, latent_h: int, latent_w: int, device: torch.device | str, dtype: torch.dtype,
@@ -349,6 +471,12 @@ class CausalDecoder(nn.Module):
 
     def decode_chunk(self, z: torch.Tensor, state: DecoderState) -> torch.Tensor:
         """(B, C, Tc, h, w) -> (B, 3, 4*Tc, 8h, 8w); advances `state` in place by Tc latent frames."""
+        self._check_latents(z, state)
+        if state.windows is not None and z.shape[2] == state.chunk_frames:
+            return self.forward_window(z, state.windows)
+        return self(z, state.caches)
+
+    def _check_latents(self, z: torch.Tensor, state: DecoderState) -> None:
         b, c, _, h, w = z.shape
         if (b, c, h, w) != (state.batch, self.cfg.latent_channels, *state.latent_hw):
             raise ValueError(
@@ -356,9 +484,6 @@ class CausalDecoder(nn.Module):
                 f"(batch {state.batch}, {self.cfg.latent_channels} channels, latent {state.latent_hw}); "
                 "call init_state with this chunk's batch and latent size"
             )
-        if state.windows is not None and z.shape[2] == state.chunk_frames:
-            return self.forward_window(z, state.windows)
-        return self(z, state.caches)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """A whole latent sequence (B, C, T, h, w) in one pass from a zero state -> (B, 3, 4T, 8h, 8w)."""

@@ -25,10 +25,13 @@ contiguous channels; the batch stride may differ (a window slice has `kt - 1` mo
 The reference takes any layout. weight is (c,).
 
 Public API:
-    norm_silu_ref      the readable reference; the CPU path
+    norm_silu_ref      the readable reference (the test oracle; every dtype)
+    norm_silu_cpu      the CPU path for float32: the reference's math in fewer passes (no float copies, the
+                       sum written once, the norm from one reduction, scale / weight / SiLU in place in `out`)
     norm_silu_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
-    norm_silu          dispatch between the two (Triton on CUDA when installed)
-    bias_add_ref, bias_add_triton, bias_add   the kernel without the norm: x + bias (+ residual)
+    norm_silu          dispatch (Triton on CUDA when installed, the CPU path for float32 CPU tensors, else
+                       the reference)
+    bias_add_ref, bias_add_cpu, bias_add_triton, bias_add   the kernel without the norm: x + bias (+ residual)
     channel_blocks, block_rows_for            the tiling (shared with `kernels.upsample`)
 """
 
@@ -42,8 +45,8 @@ from kernels._triton import HAS_TRITON, check_triton_mode, jit_for_current_mode,
 if HAS_TRITON:
     import triton.language as tl
 
-__all__ = ["bias_add", "bias_add_ref", "bias_add_triton", "block_rows_for", "channel_blocks", "norm_silu",
-           "norm_silu_ref", "norm_silu_triton"]
+__all__ = ["bias_add", "bias_add_cpu", "bias_add_ref", "bias_add_triton", "block_rows_for", "channel_blocks",
+           "norm_silu", "norm_silu_cpu", "norm_silu_ref", "norm_silu_triton"]
 
 _CL3D = torch.channels_last_3d
 
@@ -65,6 +68,49 @@ def norm_silu_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.
         return y.to(x.dtype).contiguous(memory_format=_CL3D)
     out.copy_(y)
     return out
+
+
+def _channel(v: torch.Tensor) -> torch.Tensor:
+    return v.view(1, -1, 1, 1, 1)  # (c,) -> broadcast over (B, c, T, h, w)
+
+
+def _sum_cpu(x: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor | None,
+             into: torch.Tensor | None) -> torch.Tensor:
+    """x (+ residual) (+ bias) in one or two passes, into `into` (may be x itself) or a new channels-last tensor."""
+    if residual is None and bias is None:
+        if into is not None and into.data_ptr() != x.data_ptr():
+            into.copy_(x)
+        return x if into is None else into
+    s = into if into is not None else torch.empty_like(x, memory_format=_CL3D)
+    if bias is not None:  # the reference's order: (x + bias) + residual
+        torch.add(x, _channel(bias), out=s)
+        if residual is not None:
+            s.add_(residual)
+    else:
+        assert residual is not None
+        torch.add(x, residual, out=s)
+    return s
+
+
+def norm_silu_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The CPU path (float32): `norm_silu_ref`'s contract and math, in place: the sum once (into `sum_out`
+    when given), mean(s^2) from one reduction over the channels, then `out = s * rsqrt(.) * w` and SiLU in
+    `out` itself. About five passes over the tensor where the reference makes ten (float copies,
+    a decomposed norm, the activation and a final copy)."""
+    _check(x, weight, out, residual, sum_out, bias)
+    if x.dtype != torch.float32:
+        return norm_silu_ref(x, weight, eps, out, residual, sum_out, bias)
+    c = x.shape[1]
+    s = _sum_cpu(x, residual, bias, sum_out)  # (B, c, T, h, w)
+    inv = torch.linalg.vector_norm(s, dim=1, keepdim=True)  # (B, 1, T, h, w): sqrt(sum_c s^2)
+    inv.square_().mul_(1.0 / c).add_(eps).rsqrt_()  # rsqrt(mean_c(s^2) + eps), 1/c of the tensor
+    if out is None:
+        out = torch.empty_like(x, memory_format=_CL3D)
+    torch.mul(s, inv, out=out)
+    out.mul_(_channel(weight))
+    return F.silu(out, inplace=True)
 
 
 def _norm_silu_kernel(x_ptr, b_ptr, r_ptr, w_ptr, s_ptr, o_ptr, rows_per_batch, x_bstride, r_bstride, s_bstride,
@@ -178,6 +224,15 @@ def bias_add_ref(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | N
     return out.copy_(s)
 
 
+def bias_add_cpu(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """The CPU path (float32): `bias_add_ref` in one pass (two with a residual), into `out` (may be x itself)."""
+    _check(x, None, out, residual, None, bias)
+    if x.dtype != torch.float32:
+        return bias_add_ref(x, bias, residual, out)
+    return _sum_cpu(x, residual, bias, out)
+
+
 def bias_add_triton(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None = None,
                     out: torch.Tensor | None = None, *, block_rows: int | None = None,
                     num_warps: int = 4) -> torch.Tensor:
@@ -196,15 +251,19 @@ def bias_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None 
     cuDNN convolutions are run without their bias so that it lands here, or in `norm_silu`."""
     if x.is_cuda and HAS_TRITON:
         return bias_add_triton(x, bias, residual, out)
+    if x.device.type == "cpu":
+        return bias_add_cpu(x, bias, residual, out)
     return bias_add_ref(x, bias, residual, out)
 
 
 def norm_silu(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
               residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton on CUDA (when installed), the reference elsewhere."""
+    """Triton on CUDA (when installed), the fewer-pass path on CPU, the reference elsewhere."""
     if x.is_cuda and HAS_TRITON:
         return norm_silu_triton(x, weight, eps, out, residual, sum_out, bias)
+    if x.device.type == "cpu":
+        return norm_silu_cpu(x, weight, eps, out, residual, sum_out, bias)
     return norm_silu_ref(x, weight, eps, out, residual, sum_out, bias)
 
 

@@ -19,9 +19,12 @@ channels-last-3d memory order: one batch's positions are rows of contiguous chan
 slice of a larger buffer, as for `kernels.norm_silu`). The reference takes any layout.
 
 Public API:
-    upsample_nearest_ref      the readable reference (the PyTorch path it replaces); the CPU path
+    upsample_nearest_ref      the readable reference (the PyTorch path it replaces; the test oracle)
+    upsample_nearest_cpu      the CPU path for float32: the sum once (skipped without bias and residual), then
+                              one strided copy that writes all four copies (and folds time) in out's layout
     upsample_nearest_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
-    upsample_nearest          dispatch between the two (Triton on CUDA when installed)
+    upsample_nearest          dispatch (Triton on CUDA when installed, the CPU path for float32 CPU tensors,
+                              else the reference)
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import HAS_TRITON, check_triton_mode, jit_for_current_mode
-from kernels.norm_silu import block_rows_for, channel_blocks
+from kernels.norm_silu import _sum_cpu, block_rows_for, channel_blocks
 
 if HAS_TRITON:
     import triton.language as tl
 
-__all__ = ["upsample_nearest", "upsample_nearest_ref", "upsample_nearest_triton"]
+__all__ = ["upsample_nearest", "upsample_nearest_cpu", "upsample_nearest_ref", "upsample_nearest_triton"]
 
 _CL3D = torch.channels_last_3d
 
@@ -56,6 +59,27 @@ def upsample_nearest_ref(x: torch.Tensor, bias: torch.Tensor | None = None, resi
     if out is None:
         return up.to(x.dtype).contiguous(memory_format=_CL3D)
     return out.copy_(up)
+
+
+def upsample_nearest_cpu(x: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
+                         fold_time: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The CPU path (float32): `upsample_nearest_ref`'s contract. The sum (one or two passes at the input's
+    size, none without bias and residual), then a single copy from a broadcast view of it into out's
+    (B, T', 2h, 2w, c) positions: every output value is written once, no interpolated tensor in between."""
+    _check(x, bias, residual, fold_time, out)
+    if x.dtype != torch.float32 or (out is not None and (out.dtype != torch.float32 or not _is_rows(out))):
+        return upsample_nearest_ref(x, bias, residual, fold_time=fold_time, out=out)
+    s = _sum_cpu(x, residual, bias, None)  # (B, cx, T, h, w)
+    b, cx, t, h, w = s.shape
+    fold = 2 if fold_time else 1
+    c = cx // fold
+    if out is None:
+        out = s.new_empty(b, fold * t, 2 * h, 2 * w, c).permute(0, 4, 1, 2, 3)  # (B, c, T', 2h, 2w) channels-last
+    # input position (t, y, x), channel half i -> output frame fold*t + i, rows 2y + dy, columns 2x + dx
+    src = s.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, fold, c).permute(0, 1, 4, 2, 3, 5)  # (B, T, fold, h, w, c)
+    src = src[:, :, :, :, None, :, None, :].expand(b, t, fold, h, 2, w, 2, c)
+    out.permute(0, 2, 3, 4, 1).view(b, t, fold, h, 2, w, 2, c).copy_(src)
+    return out
 
 
 def _upsample_kernel(x_ptr, b_ptr, r_ptr, o_ptr, rows_per_batch, h, w, x_bstride, r_bstride, o_bstride,
@@ -120,10 +144,20 @@ def upsample_nearest_triton(x: torch.Tensor, bias: torch.Tensor | None = None, r
 
 def upsample_nearest(x: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
                      fold_time: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton on CUDA (when installed), the reference elsewhere."""
+    """Triton on CUDA (when installed), the single-copy path on CPU, the reference elsewhere."""
     if x.is_cuda and HAS_TRITON:
         return upsample_nearest_triton(x, bias, residual, fold_time=fold_time, out=out)
+    if x.device.type == "cpu":
+        return upsample_nearest_cpu(x, bias, residual, fold_time=fold_time, out=out)
     return upsample_nearest_ref(x, bias, residual, fold_time=fold_time, out=out)
+
+
+def _is_rows(t: torch.Tensor) -> bool:
+    try:
+        _rows_contiguous("out", t)
+    except ValueError:
+        return False
+    return True
 
 
 def _rows_contiguous(name: str, t: torch.Tensor) -> None:

@@ -64,15 +64,20 @@ def main() -> None:
                    help="also score seeded random weights on this many clips (0: skip)")
     p.add_argument("--cache-mode", choices=["write_time", "naive"], default="write_time")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="noise seed of clip i is seed + i (0: the recorded runs)")
+    p.add_argument("--decoder-output", choices=["conv", "pixel_shuffle"], default=None,
+                   help="override the preset's vae.decoder_output (e.g. to score the previous decoder's weights)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/lipsync_<preset>.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = session_config(args.preset, "cpu", weights=args.weights,
-                         model={"generation": {"cache_mode": args.cache_mode}})
+    model: dict[str, object] = {"generation": {"cache_mode": args.cache_mode}}
+    if args.decoder_output:
+        model["vae"] = {"decoder_output": args.decoder_output}
+    cfg = session_config(args.preset, "cpu", weights=args.weights, model=model)
     _, test = load_or_build(args.data, TRAIN_CLIPS, TEST_CLIPS)  # the test split excludes the train sentences
     clips = test[: args.clips]
     t0 = time.perf_counter()
-    gen = generate_clips(cfg, clips)
+    gen = generate_clips(cfg, clips, seed=args.seed)
     score = lipsync_score(gen.frames, [c.pcm for c in clips], [c.identity for c in clips], gen.references)
     gen_s = time.perf_counter() - t0
     truth = ground_truth_score(clips)
@@ -80,7 +85,7 @@ def main() -> None:
     if args.baseline_clips:
         rnd = cfg.model_copy(update={"weights": "random"})
         some = clips[: args.baseline_clips]
-        gen_r = generate_clips(rnd, some)
+        gen_r = generate_clips(rnd, some, seed=args.seed)
         baseline = lipsync_score(gen_r.frames, [c.pcm for c in some], [c.identity for c in some], gen_r.references)
     engine = CharacterEngine(cfg)
     drift = [drift_session(engine, test, i, args.drift_seconds) for i in range(args.drift_identities)]
@@ -88,7 +93,8 @@ def main() -> None:
     result = {
         "command": " ".join(["python", *sys.argv]), "preset": args.preset,
         "weights": str(weights.relative_to(ROOT) if weights and weights.is_relative_to(ROOT) else weights or "random"),
-        "cache_mode": args.cache_mode, "threads": args.threads, "torch": torch.__version__,
+        "cache_mode": args.cache_mode, "threads": args.threads, "torch": torch.__version__, "seed": args.seed,
+        "vae_decoder_output": cfg.model.vae.decoder_output,
         "lipsync": score.as_dict(), "ground_truth": truth.as_dict(),
         "random_weights": baseline.as_dict() if baseline else None, "generate_s": gen_s, "drift": drift,
     }

@@ -2,6 +2,13 @@
 
     nice -n 10 python scripts/train_tiny.py                    # -> characters/weights/tiny/
     python scripts/train_tiny.py --vae-steps 20 --dit-steps 20 --train-clips 8 --out /tmp/smoke   # smoke run
+    nice -n 10 python scripts/train_tiny.py --decoder-only     # a new decoder for the shipped encoder and DiT
+
+`--decoder-only` keeps the encoder, DiT and audio encoder of `--from` (default: the shipped weights) byte for
+byte and fits only a decoder of the preset's VAE config to that frozen encoder's latents
+(`characters.train.fit_vae.train_decoder`): the DiT's latent space, and so its lip sync, stay as they were.
+train.json keeps the record of how the rest was made and adds a `decoder` section (recipe, loss curve,
+reconstruction error of the new and the previous decoder on held-out clips).
 
 1. Data: `characters.train.data` (espeak-ng speech, cartoon identities), cached in --data.
 2. VAE: encoder + causal decoder as an autoencoder (`characters.train.fit_vae`); the latents' per-channel
@@ -27,11 +34,57 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from characters.config import model_preset  # noqa: E402
-from characters.train.data import TEST_CLIPS, TRAIN_CLIPS, load_or_build, reference_image  # noqa: E402
+from characters.config import ModelConfig, model_preset  # noqa: E402
+from characters.train.data import TEST_CLIPS, TRAIN_CLIPS, Clip, load_or_build, reference_image  # noqa: E402
 from characters.train.fit_dit import DiTTrainConfig, check_windows, prepare_clip, train_dit  # noqa: E402
-from characters.train.fit_vae import VAETrainConfig, encode_clip, fold_latent_scale, train_vae  # noqa: E402
-from characters.weights import save_model_config, save_weights  # noqa: E402
+from characters.train.fit_vae import (  # noqa: E402
+    VAETrainConfig,
+    encode_clip,
+    fold_latent_scale,
+    reconstruction_error,
+    train_decoder,
+    train_vae,
+)
+from characters.vae import CausalDecoder, VAEEncoder  # noqa: E402
+from characters.weights import load_weights, save_model_config, save_weights  # noqa: E402
+
+RECON_CLIPS = 12  # held-out clips the decoders' reconstruction error is measured on
+
+
+def decoder_only(args: argparse.Namespace, cfg: ModelConfig, train: list[Clip], test: list[Clip]) -> None:
+    """Fit a new decoder to the frozen encoder of `args.source`; copy everything else; extend its train.json."""
+    source, out = Path(args.source), Path(args.out)
+    previous = ModelConfig.model_validate_json((source / "model.json").read_text())
+    if previous.vae.model_copy(update={"decoder_output": cfg.vae.decoder_output}) != cfg.vae:
+        raise SystemExit(f"--decoder-only: the weights in {source} have vae={previous.vae.model_dump()}; only "
+                         "decoder_output may differ from the preset's (the encoder is kept as it is)")
+    encoder = load_weights(VAEEncoder(cfg.vae), source / "vae_encoder.safetensors").eval()
+    old = load_weights(CausalDecoder(previous.vae), source / "vae_decoder.safetensors").eval()
+    files = {name: (source / name).read_bytes() for name in
+             ("dit.safetensors", "audio.safetensors", "vae_encoder.safetensors")}
+    record = json.loads((source / "train.json").read_text())
+    t = time.perf_counter()
+    tc = VAETrainConfig(steps=args.decoder_steps, seed=args.seed, device=args.device)
+    decoder, history = train_decoder(cfg, train, tc, encoder, log=lambda s: print(s, flush=True))
+    wall = time.perf_counter() - t
+    held = test[:RECON_CLIPS]
+    recon = {"new": reconstruction_error(encoder, decoder, held), "previous": reconstruction_error(encoder, old, held)}
+    print(json.dumps(recon, indent=1), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    save_model_config(cfg, out)
+    save_weights(decoder, out / "vae_decoder.safetensors")
+    record["decoder"] = {
+        "command": " ".join(["python", *sys.argv]), "threads": args.threads, "device": args.device,
+        "from": str(source.relative_to(ROOT) if source.is_relative_to(ROOT) else source),
+        "vae": cfg.vae.model_dump(), "previous_vae": previous.vae.model_dump(), "recipe": dataclasses.asdict(tc),
+        "train_clips": len(train), "wall_s": wall, "reconstruction_held_out": recon, "history": history,
+        "note": "Only vae_decoder.safetensors is new: fitted to the frozen vae_encoder (latent scale folded in), "
+                "so dit, audio and vae_encoder are the files of `from`, byte for byte; the top-level record says "
+                "how those were made.",
+    }
+    (out / "train.json").write_text(json.dumps(record, indent=1))
 
 
 def main() -> None:
@@ -45,13 +98,21 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", help="cpu (the recipe's target) or cuda")
+    p.add_argument("--decoder-only", action="store_true",
+                   help="train only a new decoder for the frozen encoder of --from (see the docstring)")
+    p.add_argument("--from", dest="source", default=str(ROOT / "characters" / "weights" / "tiny"),
+                   help="--decoder-only: the weights whose encoder, DiT and audio encoder are kept")
+    p.add_argument("--decoder-steps", type=int, default=VAETrainConfig.steps, help="--decoder-only: training steps")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = model_preset("tiny")
     walls: dict[str, float] = {}
     t0 = time.perf_counter()
 
-    train, _ = load_or_build(args.data, args.train_clips, args.test_clips)
+    train, test = load_or_build(args.data, args.train_clips, args.test_clips)
+    if args.decoder_only:
+        decoder_only(args, cfg, train, test)
+        return
     assert check_windows(cfg, train[0].pcm, train[0].frames) == 0.0, "training audio windows != the frontend's"
     walls["data_s"] = time.perf_counter() - t0
 

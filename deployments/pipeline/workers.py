@@ -159,11 +159,14 @@ class DiTWorker:
     """One tensor-parallel rank of a slot's DiT."""
 
     def __init__(self, cfg: SessionConfig, *, rank: int = 0, ranks: int = 1, use_gpus: bool = False,
-                 auto_dtype: bool = True, cpu_threads: int = 1, trace_context: Mapping[str, str] | None = None) -> None:
+                 auto_dtype: bool = True, cpu_threads: int | None = None,
+                 trace_context: Mapping[str, str] | None = None) -> None:
+        """`cpu_threads`: intra-op threads on a CPU (default: the topology's `dit_cpu_threads`)."""
         if not 0 <= rank < ranks:
             raise ValueError(f"rank={rank} must be in [0, ranks={ranks})")
         self.cfg, self.rank, self.ranks = cfg, rank, ranks
-        self.use_gpus, self.auto_dtype, self.cpu_threads = use_gpus, auto_dtype, cpu_threads
+        self.use_gpus, self.auto_dtype = use_gpus, auto_dtype
+        self.cpu_threads = cpu_threads or cfg.topology.dit_cpu_threads
         self.timer = StageTimer(on_stage=stage_spans("dit", rank, trace_context, STAGES[-1]))
         self.device = torch.device("cpu")
         self.group: dist.ProcessGroup | None = None
@@ -270,8 +273,10 @@ class DecoderWorker:
     """The slot's VAE: the reference encoder and the streaming decoder (own GPU, or DiT rank 0's)."""
 
     def __init__(self, cfg: SessionConfig, *, use_gpus: bool = False, auto_dtype: bool = True,
-                 cpu_threads: int = 1, trace_context: Mapping[str, str] | None = None) -> None:
-        self.cfg, self.use_gpus, self.auto_dtype, self.cpu_threads = cfg, use_gpus, auto_dtype, cpu_threads
+                 cpu_threads: int | None = None, trace_context: Mapping[str, str] | None = None) -> None:
+        """`cpu_threads`: intra-op threads on a CPU (default: the topology's `decoder_cpu_threads`)."""
+        self.cfg, self.use_gpus, self.auto_dtype = cfg, use_gpus, auto_dtype
+        self.cpu_threads = cpu_threads or cfg.topology.decoder_cpu_threads
         self.timer = StageTimer(on_stage=stage_spans("decoder", None, trace_context, STAGES[-1]))
         self.device = torch.device("cpu")
         self.runner: DecoderRunner | None = None

@@ -75,3 +75,16 @@ def test_presets_command_prints_every_preset(capsys) -> None:
     for name in ("tiny", "wan-1.3b", "57b"):
         assert name in out
     assert "57.5" in out and "1088x704" in out and "2992" in out
+
+
+def test_cpu_threads_and_decoder_output_fields() -> None:
+    from characters.config import TOPOLOGIES, VAEConfig
+
+    assert all((t.dit_cpu_threads, t.decoder_cpu_threads) == (1, 1) for t in TOPOLOGIES.values())
+    with pytest.raises(ValidationError, match="dit_cpu_threads"):
+        session_config("tiny", {"name": "x", "dit_ranks": 1, "decoder_gpus": 0, "dit_cpu_threads": 0})
+    base = {"latent_channels": 4, "base_channels": 4, "channel_mult": (1, 2, 2, 2), "encoder_base_channels": 4}
+    assert VAEConfig(**base).decoder_output == "conv"  # Wan's: the large presets keep it
+    assert MODEL_PRESETS["57b"].vae.decoder_output == MODEL_PRESETS["wan-1.3b"].vae.decoder_output == "conv"
+    with pytest.raises(ValidationError, match="decoder_output"):
+        VAEConfig(**base, decoder_output="bilinear")

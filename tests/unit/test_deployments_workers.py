@@ -165,6 +165,26 @@ def test_reference_encoder_takes_a_read_only_image_without_warning() -> None:
     assert torch.equal(got, want)
 
 
+def test_cpu_workers_take_their_threads_from_the_topology() -> None:
+    """Serving's CPU stages run with the topology's threads: one each by default (the DiT of chunk k+1 beside
+    the decode of chunk k, each on a core), or what the topology asks; an explicit cpu_threads still wins."""
+    before = torch.get_num_threads()
+    try:
+        default = session_config("tiny", "cpu", model=SMALL)
+        assert (DiTWorker(default).cpu_threads, DecoderWorker(default).cpu_threads) == (1, 1)
+        two = session_config("tiny", {"name": "cpu2", "dit_ranks": 1, "decoder_gpus": 0, "dit_cpu_threads": 2,
+                                      "decoder_cpu_threads": 3}, model=SMALL)
+        dit, dec = DiTWorker(two), DecoderWorker(two)
+        assert (dit.cpu_threads, dec.cpu_threads) == (2, 3)
+        dec.init_device()
+        assert torch.get_num_threads() == 3  # what the decoder's process runs with
+        dit.init_device()
+        assert torch.get_num_threads() == 2
+        assert DiTWorker(two, cpu_threads=1).cpu_threads == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_an_avatars_reference_is_encoded_once_per_decoder_and_reused_exactly(
         workers: tuple[DiTWorker, DecoderWorker]) -> None:
     """Sessions on one avatar (the same processed image) reuse its latent; another image is encoded anew."""

@@ -247,6 +247,115 @@ def test_window_path_folds_each_add_into_the_next_pass(decoder: CausalDecoder, m
     torch.testing.assert_close(decoder.decode_chunk(z[:, :, :1], windowed), want, atol=1e-4, rtol=0)
     # SMALL: two temporal up-samplings (after stages 0, 1), then a spatial one (after stage 2)
     assert ups == [(True, True, False), (True, True, False), (False, True, True)]
-    # conv_in, the three kt = 1 convs after the up-samplings, conv_out, and 9 of the 10 residual blocks' adds
-    # (the one before the spatial up-sampling is folded into it); the time convs add no bias of their own
-    assert adds == 1 + 3 + 1 + 9
+    # 9 of the 10 residual blocks' adds (the one before the spatial up-sampling is folded into it); the time
+    # convs add no bias of their own; on CPU conv_in, the three kt = 1 convs after the up-samplings and conv_out
+    # take their bias inside the (oneDNN) convolution, so they add none either
+    assert adds == 9
+
+
+# ------------------------------------------------------------------------ the light decoder (pixel_shuffle)
+
+SMALL_PS = SMALL.model_copy(update={"decoder_output": "pixel_shuffle"})
+
+
+@pytest.fixture(scope="module")
+def ps_decoder() -> CausalDecoder:
+    torch.manual_seed(0)
+    return CausalDecoder(SMALL_PS).eval()
+
+
+def test_pixel_shuffle_decoder_has_no_full_resolution_convolution(ps_decoder: CausalDecoder) -> None:
+    convs = [m for m in ps_decoder.modules() if isinstance(m, CausalConv3d)]
+    assert max(m.scale for m in convs) == 4  # half of the 8x latent factor: nothing runs at full resolution
+    out = ps_decoder.conv_out
+    # (1, 2, 2, 2) x 4 channels: stages of 8, 8, 8 (the full-resolution 4 is dropped); 2x2 RGB pixels per position
+    assert (out.in_channels, out.out_channels, out.kernel_size) == (8, 12, (1, 3, 3))
+    last = [m for m in ps_decoder.modules() if isinstance(m, CausalConv3d) and m.scale == 4]
+    assert all(m.kernel_size[0] == 1 for m in last)  # the half-resolution stage runs per frame
+    assert [m.kernel_size for m in ps_decoder.cached_convs if m.scale < 4]  # time is mixed below it
+    assert decoder_param_count(SMALL_PS) == sum(p.numel() for p in ps_decoder.parameters())
+
+
+def test_unshuffle_puts_each_channel_at_its_pixel() -> None:
+    d = CausalDecoder(SMALL_PS)
+    y = torch.arange(12.0).view(1, 12, 1, 1, 1).expand(1, 12, 1, 2, 3).clone()  # channel i holds the value i
+    video = d.unshuffle(y)  # (1, 3, 1, 4, 6)
+    for dy in range(2):
+        for dx in range(2):
+            for c in range(3):
+                assert (video[0, c, 0, dy::2, dx::2] == (dy * 2 + dx) * 3 + c).all()
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+@torch.inference_mode()
+def test_pixel_shuffle_decoder_streams_and_its_window_path_matches(ps_decoder: CausalDecoder, chunk: int) -> None:
+    z = _latents(3 * chunk)
+    whole = ps_decoder.decode(z)
+    assert whole.shape == (1, 3, 4 * 3 * chunk, 8 * LATENT_HW[0], 8 * LATENT_HW[1])
+    assert whole.std() > 0.05
+    torch.testing.assert_close(_stream(ps_decoder, z, chunk), whole, atol=1e-5, rtol=0)
+    windowed = ps_decoder.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=chunk)
+    torch.testing.assert_close(_stream(ps_decoder, z, chunk, windowed), whole, atol=1e-5, rtol=0)
+
+
+def _prepared(cfg: VAEConfig) -> CausalDecoder:
+    torch.manual_seed(3)
+    d = CausalDecoder(cfg).eval()
+    with torch.no_grad():
+        for p in d.parameters():  # weights large enough that the frames use the whole 0..255 range
+            p.normal_(0.0, 0.3)
+    return d.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_PS], ids=["conv", "pixel_shuffle"])
+@torch.inference_mode()
+def test_cpu_serving_forms_equal_the_generic_decoder(cfg: VAEConfig) -> None:
+    """Sub-pixel up-sampling convs (`prepare_cpu`) decode the same stream; `frames_uint8` gives the same bytes
+    as rounding the float frames, but where a value sits within float error of a .5 tie."""
+    d = _prepared(cfg)
+    z = _latents(3)
+    want = d.decode(z)  # (1, 3, 12, H, W)
+    d.prepare_cpu()
+    assert all(m._subpixel is not None for m in d.modules() if hasattr(m, "_subpixel"))
+    windowed = d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=1)
+    torch.testing.assert_close(_stream(d, z, 1, windowed), want, atol=2e-5, rtol=0)
+    d.reset_state(windowed)
+    got = torch.cat([d.frames_uint8(z[:, :, i : i + 1], windowed) for i in range(3)], dim=1)  # (1, 12, H, W, 3)
+    ref = ((want + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1)
+    assert got.shape == ref.shape and got.dtype == torch.uint8
+    diff = (got.int() - ref.int()).abs()
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 1e-3
+    assert int(ref.min()) == 0 and int(ref.max()) == 255  # the clamp is exercised at both ends
+
+
+def test_frames_uint8_needs_its_preparation_and_a_serving_state() -> None:
+    d = CausalDecoder(SMALL_PS).eval()
+    state = d.init_state(1, *LATENT_HW, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="prepare_uint8"):
+        d.frames_uint8(_latents(1), state)
+    d.prepare_uint8()
+    with pytest.raises(ValueError, match="serving state"):
+        d.frames_uint8(_latents(1), state)
+
+
+@torch.inference_mode()
+def test_flops_of_the_pixel_shuffle_decoder_match_its_layers(ps_decoder: CausalDecoder) -> None:
+    macs = 0
+
+    def count(m: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
+        nonlocal macs
+        if isinstance(m, CausalConv3d):
+            macs += out.numel() * m.in_channels * m.kernel_size[0] * m.kernel_size[1] * m.kernel_size[2]
+        else:
+            _, c, t, h, w = out.shape
+            macs += t * (4 * h * w * c * c + 2 * (h * w) ** 2 * c)
+
+    layers = [m for m in ps_decoder.modules() if isinstance(m, CausalConv3d | FrameAttention)]
+    hooks = [m.register_forward_hook(count) for m in layers]
+    try:
+        ps_decoder.decode(_latents(1))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert decoder_flops_per_chunk(SMALL_PS, *LATENT_HW) == 2.0 * macs
+    assert decoder_flops_per_chunk(SMALL_PS, *LATENT_HW) < 0.5 * decoder_flops_per_chunk(SMALL, *LATENT_HW)

@@ -1,0 +1,176 @@
+"""`characters.cpu`: the cores found, the two-thread stage pipeline (same frames, overlapped, never further
+ahead than one chunk), the one-core path, and the calibration's advice; `characters demo` calibrating first."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from characters.config import session_config
+from characters.cpu import Calibration, StagePipeline, calibrate, cores, cpu_flags, cpu_model
+from characters.demo import run_demo
+from characters.engine import CharacterEngine
+
+SMALL = {"dit": {"num_layers": 1}}  # tiny with one DiT layer (random weights): the same stages, faster
+
+
+@pytest.fixture(scope="module")
+def engine() -> CharacterEngine:
+    return CharacterEngine(session_config("tiny", "cpu", model=SMALL))
+
+
+def speech(engine: CharacterEngine, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(n):
+        a, b = engine.chunk_samples(k)
+        out.append((0.3 * rng.standard_normal(b - a)).astype(np.float32))
+    return out
+
+
+def test_cores_are_the_affinity_mask() -> None:
+    assert cores() == len(os.sched_getaffinity(0))
+    assert cpu_model() and cpu_model() != "unknown"
+    assert set(cpu_flags()) <= {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile"}
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pipeline_frames_equal_the_engine_step_by_step(engine: CharacterEngine, overlap: bool) -> None:
+    image = np.full((176, 272, 3), 128, np.uint8)
+    pcms = speech(engine, 6)
+    torch.set_num_threads(1)  # the pipeline's intra-op threads (a reduction split otherwise rounds differently)
+    engine.start(image)
+    want = [engine.step(p) for p in pcms]
+    engine.start(image)
+    with StagePipeline(engine, overlap=overlap) as pipe:
+        got = list(pipe.stream(pcms))
+    assert [r.chunk for r in got] == list(range(6))
+    for r, w in zip(got, want, strict=True):
+        assert r.frames.shape == (4, 176, 272, 3) and r.frames.dtype == np.uint8
+        assert np.array_equal(r.frames, w)
+        assert r.dit.cpu_ms > 0 and r.decode.cpu_ms > 0 and r.cpu_ms == r.dit.cpu_ms + r.decode.cpu_ms
+    assert pipe.overlap is overlap
+    assert torch.get_num_threads() == 1  # as it was before the pipeline (set above), not the pipeline's own
+
+
+@dataclass
+class FakeEngine:
+    """Stages that log what ran where; decode of chunk k waits (bounded) for the DiT of chunk k+1 to begin."""
+
+    chunks: int
+    log: list[tuple[str, int, int]] = field(default_factory=list)  # (event, chunk, thread id)
+    began: dict[int, threading.Event] = field(default_factory=dict)
+    overlapped: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.cfg = session_config("tiny", "cpu")
+        self.began = {k: threading.Event() for k in range(self.chunks + 1)}
+        self.chunk = 0
+        self.dit = SimpleNamespace(step=self._step)
+        self.decoder = SimpleNamespace(decode=self._decode)
+
+    def _step(self, pcm: np.ndarray) -> torch.Tensor:
+        k = int(pcm[0])
+        self.log.append(("dit", k, threading.get_ident()))
+        self.began[k].set()
+        return torch.tensor([k])
+
+    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        k = int(latents[0])
+        self.log.append(("decode", k, threading.get_ident()))
+        if k + 1 < self.chunks:  # does the next chunk's DiT run while this decode is still going?
+            self.overlapped.append(self.began[k + 1].wait(timeout=2.0))
+        return torch.full((1, 1, 1, 1), k, dtype=torch.uint8)
+
+
+def test_the_next_dit_runs_beside_this_decode_and_never_further_ahead() -> None:
+    fake = FakeEngine(5)
+    taken: list[int] = []
+    with StagePipeline(fake, overlap=True) as pipe:  # type: ignore[arg-type]
+        for res in pipe.stream(np.full(1, k, np.float32) for k in range(5)):
+            started = [k for e, k, _ in fake.log if e == "dit"]
+            assert max(started) <= res.chunk + 1  # by the time chunk k is out, at most the DiT of k+1 has run
+            taken.append(int(res.frames[0, 0, 0, 0]))
+    assert taken == [0, 1, 2, 3, 4]
+    assert fake.overlapped == [True] * 4  # each decode saw the next DiT begin before it finished
+    main = threading.get_ident()
+    assert {t for e, _, t in fake.log if e == "dit"} == {main}
+    assert {t for e, _, t in fake.log if e == "decode"} != {main}  # the decoder's own thread
+
+
+def test_one_core_runs_both_stages_in_turn_on_the_callers_thread() -> None:
+    fake = FakeEngine(3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with StagePipeline(fake, overlap=False) as pipe:  # type: ignore[arg-type]
+            assert torch.get_num_threads() == 1  # the topology's dit_cpu_threads
+            out = [int(r.frames[0, 0, 0, 0]) for r in pipe.stream(np.full(1, k, np.float32) for k in range(3))]
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert out == [0, 1, 2]
+    assert {t for _, _, t in fake.log} == {threading.get_ident()}
+    assert [(e, k) for e, k, _ in fake.log] == [("dit", 0), ("decode", 0), ("dit", 1), ("decode", 1), ("dit", 2),
+                                                 ("decode", 2)]
+
+
+def test_a_decoder_failure_reaches_the_caller() -> None:
+    fake = FakeEngine(3)
+
+    def broken(latents: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("decoder broke")
+
+    fake.decoder = SimpleNamespace(decode=broken)
+    with pytest.raises(RuntimeError, match="decoder broke"), StagePipeline(fake, overlap=True) as pipe:  # type: ignore[arg-type]
+        list(pipe.stream(np.full(1, k, np.float32) for k in range(3)))
+
+
+def _cal(chunk_ms: float, load: float | None, cores_: int = 2) -> Calibration:
+    return Calibration(cores=cores_, overlap=cores_ > 1, chunk_ms=chunk_ms, dit_ms=chunk_ms, decode_ms=chunk_ms / 2,
+                       cpu_ms=1.5 * chunk_ms, budget_ms=1000 * 4 / 24, load=load)
+
+
+def test_calibration_advice_warns_with_the_reason_and_what_to_do() -> None:
+    fine = _cal(60.0, 0.4)
+    assert not fine.too_slow
+    assert "warning" not in fine.advice() and "60 ms per chunk" in fine.advice() and "166.7 ms budget" in fine.advice()
+    busy = _cal(150.0, 7.5)
+    assert busy.too_slow
+    text = busy.advice()
+    assert "warning: --realtime will likely deliver late chunks" in text
+    assert "other programs keep the 2 cores busy (load 7.5)" in text and "without --realtime" in text
+    slow = _cal(200.0, 0.5, cores_=1)
+    assert "too slow" in slow.advice() and "DiT then decoder on one core" in slow.advice()
+
+
+def test_calibrate_measures_this_engine_and_leaves_it_restartable(engine: CharacterEngine) -> None:
+    image = np.full((176, 272, 3), 90, np.uint8)
+    cal = calibrate(engine, image, chunks=6, measured=2)
+    assert cal.cores == cores() and cal.budget_ms == pytest.approx(166.667, abs=0.01)
+    assert cal.dit_ms > 0 and cal.decode_ms > 0 and cal.cpu_ms > 0 and cal.chunk_ms > 0
+    pcms = speech(engine, 2)
+    engine.start(image)
+    after = [engine.step(p) for p in pcms]
+    fresh = CharacterEngine(engine.cfg)
+    fresh.start(image)
+    assert all(np.array_equal(a, fresh.step(p)) for a, p in zip(after, pcms, strict=True))
+
+
+def test_realtime_demo_calibrates_before_the_first_chunk(tmp_path: Path) -> None:
+    events: list[str] = []
+    now = [0.0]
+    report = run_demo(session_config("tiny", "cpu", model=SMALL), out=tmp_path / "o.mp4", seconds=0.5, realtime=True,
+                      clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                      on_calibration=lambda cal: events.append("calibration"),
+                      on_chunk=lambda k, ms: events.append(f"chunk {k}"))
+    assert events == ["calibration", "chunk 0", "chunk 1", "chunk 2"]
+    assert report.calibration is not None and report.calibration["cores"] == cores()
+    assert report.late_chunks == 0 and report.chunks == 3 and report.cpu_ms_p50 > 0  # the injected clock stood still
