@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import pytest
 from livekit import api as lkapi
 from livekit import rtc
 from PIL import Image
-from serve_helpers import ROOT, Served, characters_serve, wait_for
+from serve_helpers import ROOT, Served, wait_for
 
 from characters.train.data import load_split, reference_image
 from characters.train.lipsync import mouth_signal, offset_correlations
@@ -53,11 +52,6 @@ SPEECH_RMS, SILENT_RMS = 0.02, 0.005  # per 10 ms frame; the stand-in's speech i
 RECORD_S = 8.0  # a line of the script and the pause after it
 MIN_R, MIN_MARGIN = 0.3, 0.2  # lip sync: r at the best lag, and its lead over the 2.5 s-away control
 
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with characters_serve(tmp_path_factory.mktemp("agent")) as s:
-        yield s
 
 
 def token(served: Served, room: str, identity: str) -> str:

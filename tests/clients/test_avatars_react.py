@@ -1,6 +1,7 @@
 """Runway's own React call UI, unmodified: `examples/web/` renders `@runwayml/avatars-react`'s `AvatarCall`
 (0.16.0, with `@runwayml/avatars` and `@runwayml/sdk`, pinned in its package-lock.json), and its backend
-(`examples/web/server.mjs`) starts the session on a real `characters serve --livekit-dev` with the SDK, waits
+(`examples/web/server.mjs`) starts the session on a real `characters serve --livekit-dev` (the client
+tests' shared one, tests/clients/conftest.py) with the SDK, waits
 for READY and consumes it. Debian's Chromium (headless, Playwright) opens the page: the component joins the
 session's room, shows the character's video (frames counted with requestVideoFrameCallback on its <video>, as
 the watch page's test does) and plays its audio (a WebAudio analyser on its <audio>): silence, then the
@@ -14,16 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clients"))
-from serve_helpers import ROOT, Served, characters_serve, free_port, wait_for  # tests/clients, put on the path above
+from serve_helpers import ROOT, Served, free_port, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.livekit, pytest.mark.ray, pytest.mark.slow]
 
@@ -65,15 +63,6 @@ setInterval(() => {
 }, 100);
 """
 
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    if not CHROMIUM.is_file():
-        pytest.fail(f"Chromium is not at {CHROMIUM}; run scripts/install_chromium.sh (or scripts/setup.sh --dev)")
-    if not (WEB / "dist" / "index.html").is_file():
-        pytest.fail("examples/web is not built; run scripts/build_examples.sh (scripts/setup.sh --dev does)")
-    with characters_serve(tmp_path_factory.mktemp("react")) as s:
-        yield s
 
 
 @pytest.fixture()
