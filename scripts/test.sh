@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/mypy
-.venv/bin/python -m pytest -m "not gpu" "$@"
+.venv/bin/python -m pytest -m "not gpu" --durations=30 "$@"
