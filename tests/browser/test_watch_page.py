@@ -160,7 +160,7 @@ def test_watch_page_plays_speaks_interrupts_and_explains_refusals(server: str, t
             assert s["chunks"] > a["stats"]["chunks"] and s["bufferMs"] > 0 and s["presentedFps"] > 0, s
             assert {"dit", "decode", "publish"} <= set(s["stageMs"]) and all(v > 0 for v in s["stageMs"].values()), s
             shown = stat_text(page, "chunks")
-            assert shown != "–" and stat_text(page, "fps") != "–", shown
+            assert shown != "–" and stat_text(page, "fps") != "–" and stat_text(page, "presentedFps") != "–", shown
             wait_for(lambda: stat_text(page, "chunks") != shown, 5, "the stats panel to change")
             assert stat_text(page, "bufferMs").endswith(" ms") and stat_text(page, "avOffsetMs").endswith(" ms")
             stage_rows = page.locator("#stages tbody th").all_inner_texts()

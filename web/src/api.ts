@@ -3,7 +3,9 @@
 export interface Stats {
   chunks: number;
   frames: number;
-  fps: number;
+  fps: number; // generated: new frames per second (held repeats of a late chunk do not count)
+  presentedFps?: number; // what the playout showed, held repeats included
+  speechMsP50?: number; // agent speech -> its first frame shown, median over the session's utterances
   lateChunks: number;
   stepMsP50: number;
   stepMsP95: number;

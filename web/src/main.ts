@@ -212,6 +212,8 @@ function render(s: Session): void {
   const cells: Record<string, string> = {
     status: s.status === "QUEUED" && s.queuePosition !== null ? `queued (#${s.queuePosition})` : s.status.toLowerCase(),
     fps: fmt(st.fps),
+    presentedFps: fmt(st.presentedFps),
+    speechMsP50: st.speechMsP50 ? fmt(st.speechMsP50, 0, " ms") : "–",
     lateChunks: String(st.lateChunks),
     bufferMs: fmt(st.bufferMs, 0, " ms"),
     avOffsetMs: fmt(st.avOffsetMs, 1, " ms"),
