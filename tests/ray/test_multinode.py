@@ -48,7 +48,7 @@ from deployments.settings import ServiceConfig
 from deployments.types import NAMESPACE, NoCapacity, SessionStatus
 from placement import NodeCapacity, best_fit, bundles_for
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multinode]  # not in CI's run: see scripts/test.sh
 
 CHUNKS_PER_S = 6.0  # 24 fps, 4 frames a chunk
 NAME = "t-multinode"
