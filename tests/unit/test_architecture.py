@@ -220,8 +220,9 @@ def test_the_names_manifests_use_still_resolve_for_one_release():
 
 
 def test_nothing_reads_outside_the_checkout():
-    """A user's clone has nothing beside it: no test, script or module reaches for a sibling folder (CI's
-    read-only `../shared` was one), and what the tests need, such as the KubeRay CRD schemas, is carried."""
+    """A user's clone has nothing beside it: no test, script or module reaches for a sibling folder of the
+    checkout (the read-only folder CI keeps beside its clone was one), and what the tests need, such as the
+    KubeRay CRD schemas, is carried in the repository (k8s/crds/kuberay/)."""
     escapes = re.compile(r"""\.\./shared|\.parent\s*/\s*["']shared["']|parents\[\d+\]\s*/\s*["']shared["']|/work/""")
     found = []
     for folder in ("characters", "kernels", "placement", "deployments", "scripts", "tests", "k8s", "docker", ".ci"):
