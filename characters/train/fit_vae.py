@@ -79,6 +79,33 @@ def build_vae(cfg: ModelConfig, seed: int) -> tuple[VAEEncoder, CausalDecoder]:
     return seeded_build(lambda: VAEEncoder(cfg.vae), seed + 2), seeded_build(lambda: CausalDecoder(cfg.vae), seed + 3)
 
 
+def _optimizer(params: list[torch.nn.Parameter], tc: VAETrainConfig
+               ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with a linear warm-up over the first 5% of steps, then a cosine down to 5% of the rate."""
+    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    warm = max(1, tc.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * i / tc.steps))))
+    return opt, sched
+
+
+def _reconstruction_l1(decoder: CausalDecoder, z: torch.Tensor, video: torch.Tensor, weight: torch.Tensor,
+                       tc: VAETrainConfig) -> torch.Tensor:
+    """L1 of the decoder's frames from noised latents `z` against `video`, weighted (the mouth box up)."""
+    noisy = z + tc.latent_noise * torch.randn_like(z)
+    recon = decoder.decode(noisy.contiguous(memory_format=torch.channels_last_3d))  # (B, 3, F, H', W')
+    return ((recon - video).abs() * weight).mean() / weight.mean()
+
+
+def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
+          sched: torch.optim.lr_scheduler.LambdaLR) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+
+
 def train_vae(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig,
               log: Callable[[str], None] = print) -> tuple[VAEEncoder, CausalDecoder, list[dict[str, float]]]:
     torch.manual_seed(tc.seed)
@@ -87,26 +114,17 @@ def train_vae(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig,
     encoder = encoder.to(tc.device)
     decoder = decoder.to(tc.device).to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
     params = [*encoder.parameters(), *decoder.parameters()]
-    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    warm = max(1, tc.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * i / tc.steps))))
+    opt, sched = _optimizer(params, tc)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     for step in range(tc.steps):
         video, weight = (t.to(tc.device) for t in _sample(clips, cfg, tc, rng))  # (B, 3, F, H', W'), (B, 1, 1, H', W')
         z = encoder(video)  # (B, C, L, h', w')
-        noisy = z + tc.latent_noise * torch.randn_like(z)
-        recon = decoder.decode(noisy.contiguous(memory_format=torch.channels_last_3d))  # (B, 3, F, H', W')
-        l1 = ((recon - video).abs() * weight).mean() / weight.mean()
+        l1 = _reconstruction_l1(decoder, z, video, weight, tc)
         zc = z.transpose(0, 1).reshape(z.shape[1], -1)  # (C, B*L*h'*w')
         stats = (zc.mean(1) ** 2).mean() + ((zc.std(1) - 1) ** 2).mean()
         loss = l1 + tc.stats_weight * stats
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        _step(loss, params, opt, sched)
         if step % 25 == 0 or step == tc.steps - 1:
             row = {"step": step, "l1": float(l1.detach()), "stats": float(stats.detach()),
                    "z_std": float(zc.detach().std(1).mean()),
@@ -150,24 +168,15 @@ def train_decoder(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig, encod
     decoder = seeded_build(lambda: CausalDecoder(cfg.vae), tc.seed + 3).to(tc.device)
     decoder = decoder.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
     params = list(decoder.parameters())
-    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    warm = max(1, tc.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * i / tc.steps))))
+    opt, sched = _optimizer(params, tc)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     for step in range(tc.steps):
         video, weight = (t.to(tc.device) for t in _sample(clips, cfg, tc, rng))  # (B, 3, F, H', W'), (B, 1, 1, H', W')
         with torch.no_grad():
             z = encoder(video)  # (B, C, L, h', w')
-        noisy = z + tc.latent_noise * torch.randn_like(z)
-        recon = decoder.decode(noisy.contiguous(memory_format=torch.channels_last_3d))  # (B, 3, F, H', W')
-        l1 = ((recon - video).abs() * weight).mean() / weight.mean()
-        opt.zero_grad(set_to_none=True)
-        l1.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        l1 = _reconstruction_l1(decoder, z, video, weight, tc)
+        _step(l1, params, opt, sched)
         if step % 25 == 0 or step == tc.steps - 1:
             row = {"step": step, "l1": float(l1.detach()), "s": time.perf_counter() - t0}
             history.append(row)
