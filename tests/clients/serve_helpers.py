@@ -9,40 +9,25 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.livekit.server import ServerPorts
+from waiting import wait_for
+
+from deployments.livekit.server import ServerPorts, free_port
+
+__all__ = ["ROOT", "Served", "characters_serve", "free_livekit_port", "free_port", "wait_for"]
 
 ROOT = Path(__file__).resolve().parents[2]
 START_S = 240.0  # a cold start on a busy 2-core machine (the watch page's test allows 180 s)
 STOP_S = 90.0
-
-
-def wait_for(fn: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last value {value!r}")
-        time.sleep(every_s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def free_livekit_port() -> int:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import ray
+from waiting import wait_for as _wait_for
 
 from deployments.sessions.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
@@ -43,14 +43,8 @@ def scheduler(service: ServiceConfig, name: str) -> Iterator[Any]:
 
 
 def wait_for(fn: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last value {value!r}")
-        time.sleep(every_s)
+    """`waiting.wait_for`, polling every 50 ms by default (the scheduler answers at once)."""
+    return _wait_for(fn, timeout_s, what, every_s)
 
 
 def info(sched: Any, session_id: str) -> SessionInfo:
