@@ -163,14 +163,16 @@ class LoopbackCluster:
         self.head_cpus, self.object_store_bytes = head_cpus, object_store_bytes
         self.system_config = dict(LOOPBACK_HEALTH_CHECKS if system_config is None else system_config)
         self.root = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: socket paths are <= 107 bytes
-        # Token auth off: every port is on 127.0.0.1. Autoscaler v2, as our RayService runs it
+        # Token auth on, as Ray's default for a local cluster and as our RayService runs it (`authOptions`), with
+        # this process's token (`_set_auth_mode`). Autoscaler v2, as our RayService runs it
         # (`autoscalerOptions.version: v2`): demand published with `request_resources` is kept in the GCS
         # as a cluster resource constraint, where KubeRay's autoscaler reads it.
-        self.env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+        self.env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
                     **({"RAY_enable_autoscaler_v2": "1"} if autoscaler_v2 else {})}
         self.head: LoopbackNode | None = None
         self.nodes: list[LoopbackNode] = []
         self.address = ""
+        self._driver_auth: str | None = None
 
     def __enter__(self) -> LoopbackCluster:
         self.start()
@@ -184,6 +186,7 @@ class LoopbackCluster:
         starting (its raylet missed Ray's 30 s registration on a loaded machine) is killed and started
         again, `attempts` times in all."""
         os.environ.update(LOOPBACK_ENV)
+        self._driver_auth = _set_auth_mode("token")
         # Ray read RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it was imported; without this, connecting to
         # "127.0.0.1:port" resolves it to the machine's outward address, where this GCS does not listen.
         ray_constants.ENABLE_RAY_CLUSTER = False
@@ -313,6 +316,8 @@ class LoopbackCluster:
                     shutil.move(str(path / "logs"), keep_logs / "logs")
         shutil.rmtree(self.root, ignore_errors=True)
         self.nodes, self.head = [], None
+        if self._driver_auth != "token":  # this process's mode as it was (a later local `ray.init`)
+            _set_auth_mode(self._driver_auth)
 
     def _spawn(self, name: str, cmd: list[str], *, num_gpus: int, num_cpus: int) -> LoopbackNode:
         log = self.root / f"{name}.log"
@@ -320,6 +325,28 @@ class LoopbackCluster:
             proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         return LoopbackNode(name, num_gpus, num_cpus, proc, log)
+
+
+def _set_auth_mode(mode: str | None) -> str | None:
+    """Set this process's Ray token-auth mode (None: unset) and return the one it had. A driver must match
+    its cluster's mode, and cannot change it once it has connected to a cluster: a process that ran a local
+    `ray.init` (which turns token auth on by default) keeps refusing calls from a cluster without auth
+    ("Missing authorization header": the workers' results it owns are lost, OwnerDiedError) even after
+    RAY_AUTH_MODE changes. Ray caches the mode in its config, so that is read again. With token mode the
+    token must exist: Ray's own (RAY_AUTH_TOKEN, or ~/.ray/auth_token, made here as a local `ray.init`
+    makes it when it is missing), so this process and the cluster's use the same one."""
+    from ray._private.authentication.authentication_token_setup import generate_and_save_token
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    before = os.environ.get("RAY_AUTH_MODE")
+    if mode is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = mode
+    Config.initialize("")
+    if mode == "token" and not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        generate_and_save_token()
+    return before
 
 
 def _kill_group(pgid: int, timeout_s: float = 10.0) -> None:

@@ -88,3 +88,41 @@ def test_other_start_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ValueError, match="num_cpus"):
         init_local(num_cpus=-1)
     assert len(calls) == 1
+
+
+@ray.remote(num_cpus=0)
+class Holder:
+    """A worker that borrows a driver-owned object: it asks the owner (the driver) where that object is."""
+
+    def size(self, refs: list[Any]) -> int:
+        return int(ray.get(refs[0]).nbytes)
+
+
+def test_a_driver_left_in_token_auth_mode_still_gets_a_loopback_clusters_results(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local `ray.init` earlier in this process (the whole suite: every `ray` test before this one) turned
+    token auth on for it, for good. A loopback cluster without token auth then loses what its workers need
+    from this driver (the driver refuses their calls, "Missing authorization header": OwnerDiedError, or
+    the actor is cancelled). `LoopbackCluster` runs with token auth, the driver's own token."""
+    import numpy as np
+
+    from deployments.sessions.cluster import LoopbackCluster
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # (restored after the test)
+    init_local(num_cpus=1)  # a new local cluster turns token auth on for this process, as Ray's default is
+    stop_local(timeout_s=5)
+    import os
+
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    c = LoopbackCluster(head_cpus=1)
+    try:
+        c.start()
+        node = c.add_node(num_gpus=0, num_cpus=1, name="w")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote()
+        big = ray.put(np.zeros(2**20, np.uint8))  # in the object store: the borrower asks its owner for it
+        assert ray.get(holder.size.remote([big]), timeout=60) == 2**20
+    finally:
+        c.stop()
+    assert os.environ["RAY_AUTH_MODE"] == "token"

@@ -48,7 +48,7 @@ from deployments.settings import ServiceConfig
 from deployments.types import NAMESPACE, NoCapacity, SessionStatus
 from placement import NodeCapacity, best_fit, bundles_for
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multinode]  # not in CI's run: see scripts/test.sh
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multinode]
 
 CHUNKS_PER_S = 6.0  # 24 fps, 4 frames a chunk
 NAME = "t-multinode"
@@ -170,7 +170,7 @@ def unmet(demand: list[dict[str, float]]) -> list[dict[str, float]]:
 
 def ray_status(address: str) -> str:
     """`ray status` of the cluster (an operator's view of demand; the autoscaler reads the same state)."""
-    env = {**os.environ, **LOOPBACK_ENV, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **LOOPBACK_ENV}  # (token auth, as the cluster)
     out = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", "--address", address], env=env,
                          capture_output=True, text=True, timeout=60)
     return out.stdout
@@ -432,7 +432,7 @@ def test_4_a_draining_node_runs_its_sessions_to_their_end_and_takes_no_new_one(
     cn = nodes["c"].node_id
     on_c = sorted(sid for s in slots(sched) if s["node_id"] == cn for sid in s["sessions"])
     assert on_c == ["s3", "s4"]
-    env = {**os.environ, **LOOPBACK_ENV, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **LOOPBACK_ENV}  # (token auth, as the cluster)
     drained = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "drain-node", "--address", c.address,
                               "--node-id", cn, "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message",
                               "test: a spot instance's notice", "--deadline-remaining-seconds", "600"],
