@@ -64,8 +64,14 @@ def decoder_only(args: argparse.Namespace, cfg: ModelConfig, train: list[Clip], 
              ("dit.safetensors", "audio.safetensors", "vae_encoder.safetensors")}
     record = json.loads((source / "train.json").read_text())
     t = time.perf_counter()
-    tc = VAETrainConfig(steps=args.decoder_steps, seed=args.seed, device=args.device)
-    decoder, history = train_decoder(cfg, train, tc, encoder, log=lambda s: print(s, flush=True))
+    tc = VAETrainConfig(steps=args.decoder_steps, seed=args.seed, device=args.device,
+                        batch=args.decoder_batch or VAETrainConfig.batch,
+                        mouth_weight=args.decoder_mouth_weight or VAETrainConfig.mouth_weight,
+                        lr=args.decoder_lr or VAETrainConfig.lr)
+    init = None
+    if args.decoder_init:  # train on from a decoder of this config (e.g. the shipped one, --from)
+        init = load_weights(CausalDecoder(cfg.vae), Path(args.decoder_init) / "vae_decoder.safetensors")
+    decoder, history = train_decoder(cfg, train, tc, encoder, log=lambda s: print(s, flush=True), init=init)
     wall = time.perf_counter() - t
     held = test[:RECON_CLIPS]
     recon = {"new": reconstruction_error(encoder, decoder, held), "previous": reconstruction_error(encoder, old, held)}
@@ -79,6 +85,7 @@ def decoder_only(args: argparse.Namespace, cfg: ModelConfig, train: list[Clip], 
         "command": " ".join(["python", *sys.argv]), "threads": args.threads, "device": args.device,
         "from": str(source.relative_to(ROOT) if source.is_relative_to(ROOT) else source),
         "vae": cfg.vae.model_dump(), "previous_vae": previous.vae.model_dump(), "recipe": dataclasses.asdict(tc),
+        "init": args.decoder_init, "init_record": record.get("decoder") if args.decoder_init else None,
         "train_clips": len(train), "wall_s": wall, "reconstruction_held_out": recon, "history": history,
         "note": "Only vae_decoder.safetensors is new: fitted to the frozen vae_encoder (latent scale folded in), "
                 "so dit, audio and vae_encoder are the files of `from`, byte for byte; the top-level record says "
@@ -103,6 +110,13 @@ def main() -> None:
     p.add_argument("--from", dest="source", default=str(ROOT / "characters" / "weights" / "tiny"),
                    help="--decoder-only: the weights whose encoder, DiT and audio encoder are kept")
     p.add_argument("--decoder-steps", type=int, default=VAETrainConfig.steps, help="--decoder-only: training steps")
+    p.add_argument("--decoder-batch", type=int, default=None,
+                   help=f"--decoder-only: spans per step (default {VAETrainConfig.batch})")
+    p.add_argument("--decoder-mouth-weight", type=float, default=None,
+                   help=f"--decoder-only: loss weight of the mouth region (default {VAETrainConfig.mouth_weight})")
+    p.add_argument("--decoder-lr", type=float, default=None, help=f"--decoder-only: (default {VAETrainConfig.lr})")
+    p.add_argument("--decoder-init", default=None,
+                   help="--decoder-only: a weights directory whose decoder (of this config) training starts from")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = model_preset("tiny")

@@ -159,13 +159,20 @@ def fold_latent_scale(encoder: VAEEncoder, decoder: CausalDecoder, std: torch.Te
 
 
 def train_decoder(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig, encoder: VAEEncoder,
-                  log: Callable[[str], None] = print) -> tuple[CausalDecoder, list[dict[str, float]]]:
+                  log: Callable[[str], None] = print, init: CausalDecoder | None = None
+                  ) -> tuple[CausalDecoder, list[dict[str, float]]]:
     """A decoder for `cfg.vae`, fitted to the latents of the frozen `encoder` (its latent scale folded in
-    already): the DiT's latent space does not move. Loss: L1 on pixels, weighted up inside the mouth box."""
+    already): the DiT's latent space does not move. Loss: L1 on pixels, weighted up inside the mouth box.
+    `init`: a decoder of the same config to start from (training on), else a new one. `encoder` is left
+    where it was."""
     torch.manual_seed(tc.seed)
     rng = np.random.default_rng(tc.seed)
+    home = next(encoder.parameters()).device
     encoder = encoder.to(tc.device).eval().requires_grad_(False)
-    decoder = seeded_build(lambda: CausalDecoder(cfg.vae), tc.seed + 3).to(tc.device)
+    decoder = seeded_build(lambda: CausalDecoder(cfg.vae), tc.seed + 3)
+    if init is not None:
+        decoder.load_state_dict(init.state_dict())
+    decoder = decoder.to(tc.device)
     decoder = decoder.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
     params = list(decoder.parameters())
     opt, sched = _optimizer(params, tc)
@@ -181,6 +188,7 @@ def train_decoder(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig, encod
             row = {"step": step, "l1": float(l1.detach()), "s": time.perf_counter() - t0}
             history.append(row)
             log(f"decoder step {step:5d}  l1 {row['l1']:.4f}  {row['s']:.0f}s")
+    encoder.to(home)
     return decoder.cpu().to(memory_format=torch.contiguous_format).eval(), history
 
 
