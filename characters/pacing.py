@@ -21,7 +21,13 @@ plays the late chunk in full as soon as it arrives. Spoken audio is never droppe
 without its frames; a stall delays everything after it (the schedule slips by the stall). Latency is
 recovered only from idle chunks: when more than `max_depth` chunks are queued, or the buffer stayed a
 chunk deeper than the target for `shrink_after_s`, the oldest chunk with no speech in it is dropped
-(its audio is silence, so nothing said is lost). When the owner polls late
+(its audio is silence, so nothing said is lost). Finer, with `min_slack_s` set: every chunk's *slack*
+(how long it was queued before its audio was needed; 0 for a late one) is kept for `slack_window_s`;
+while the least slack of that window exceeds `min_slack_s` by a frame, an idle chunk about to be
+committed loses its last frame and that frame's audio (silence): the timeline, and with it the latency
+of the next speech, shortens by one frame (41.7 ms at 24 fps), at most once a chunk. The buffer settles
+at `min_slack_s` above the worst lateness of the window instead of the start-up depth, and grows back
+by itself when a chunk is late (the stall). When the owner polls late
 (its loop stalled), only `max_catchup_s` of backlog is handed out and the timeline slips by the rest
 (`slips`): during a stall longer than the audio lead the sink's queue ran dry and played a gap, so
 the audio is late by that much for good; the video slips with it instead of racing ahead.
@@ -80,6 +86,11 @@ class PacingConfig(BaseModel):
     max_catchup_s: float = Field(default=0.04, ge=0, description="Backlog handed out after a late poll; the rest "
                                  "slips. Keep it <= audio_lead_s: a longer burst over-fills the sink's audio queue "
                                  "and leaves the audio that much behind the video.")
+    min_slack_s: float | None = Field(default=None, ge=0, description="Trim idle chunks frame by frame while "
+                                      "every chunk of the last `slack_window_s` was queued this much plus a "
+                                      "frame ahead of its play time (None: off; see the module docstring).")
+    slack_window_s: float = Field(default=6.0, gt=0, description="The window of chunk slacks `min_slack_s` "
+                                  "is checked against (it must be full before anything is trimmed).")
     stale_speech_s: float = Field(default=5.0, gt=0, description="Speech not generated this long after it was "
                                   "sent is counted lost once a chunk without speech arrives.")
     stats_window_s: float = Field(default=2.0, gt=0, description="Window of the fps and A/V offset stats.")
@@ -172,6 +183,8 @@ class PlayoutStats:
     underruns: int  # stalls (each is one or more held frames)
     stall_s: float  # total time shown as held frames while waiting for a late chunk
     dropped_idle_chunks: int  # latency recovery (max_depth, shrink_after_s)
+    trimmed_frames: int  # latency recovery within idle chunks (min_slack_s)
+    slack_min_s: float | None  # the least slack of the chunks committed in the last slack_window_s
     dropped_cleared_chunks: int
     slips: int
     frames_sent: int
@@ -270,7 +283,7 @@ class Playout:
         self._shown: deque[tuple[float, bool]] = deque()  # (time, fresh) of shown frames in the window
         self._offsets: deque[tuple[float, float]] = deque()
         self._n = {"late": 0, "underruns": 0, "idle": 0, "cleared": 0, "slips": 0, "frames": 0, "fresh": 0,
-                   "audio": 0, "lost": 0}
+                   "audio": 0, "lost": 0, "trimmed": 0}
         self._stall_total = 0.0
         self._offset_last = 0.0
         self._clear_at: float | None = None
@@ -281,6 +294,8 @@ class Playout:
         self._still_after: float | None = None
         self._deep_since: float | None = None
         self._pushed = 0
+        self._slack: deque[tuple[float, float]] = deque()  # (committed at, slack) of the last slack_window_s
+        self._slack_from: float | None = None  # when the first chunk was committed
 
     # ----------------------------------------------------------------------------- speech ledger
     def speech_open(self, segment: str) -> None:
@@ -417,6 +432,7 @@ class Playout:
             started=self._t0 is not None, queued_chunks=len(self._queue),
             buffered_s=len(self._queue) * c.chunk_s + len(self._slots) / c.fps,
             late_chunks=n["late"], underruns=n["underruns"], stall_s=stall, dropped_idle_chunks=n["idle"],
+            trimmed_frames=n["trimmed"], slack_min_s=min((x for _, x in self._slack), default=None),
             dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
             audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
             av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
@@ -474,10 +490,12 @@ class Playout:
         """Append the next chunk (or one held frame of silence) to the timeline."""
         if self._queue:
             chunk = self._queue.popleft()
+            late = self._stalled
             if self._stalled:
                 self._stall_total += now - self._stall_since
                 self._n["late"] += 1
             self._stalled = False
+            self._trim_idle(chunk, 0.0 if late else now - chunk.arrived, now)
             n, f = chunk.pcm.size, chunk.count
             for i in range(f):
                 lo, hi = i * n // f, (i + 1) * n // f
@@ -507,8 +525,42 @@ class Playout:
             self._deep_since = None
         elif self._deep_since is None:
             self._deep_since = now
-        elif now - self._deep_since >= self.cfg.shrink_after_s and self._drop_idle():
+        elif (now - self._deep_since >= self.cfg.shrink_after_s and self._spare(now, self.cfg.chunk_s)
+              and self._drop_idle()):
             self._deep_since = None
+            self._take_slack(self.cfg.chunk_s)
+
+    def _spare(self, now: float, cut_s: float) -> bool:
+        """Whether `cut_s` of the timeline can go: always without `min_slack_s`; with it, only when the full
+        window's chunks all had `cut_s` more slack than `min_slack_s`."""
+        c = self.cfg
+        if c.min_slack_s is None:
+            return True
+        return (self._slack_from is not None and now - self._slack_from >= c.slack_window_s and bool(self._slack)
+                and min(x for _, x in self._slack) >= c.min_slack_s + cut_s)
+
+    def _take_slack(self, cut_s: float) -> None:
+        """The timeline is `cut_s` shorter: every chunk from now on has that much less slack."""
+        self._slack = deque((t, x - cut_s) for t, x in self._slack)
+
+    def _trim_idle(self, chunk: _Chunk, slack: float, now: float) -> None:
+        """Record `chunk`'s slack; drop its last frame (and that frame's audio) when it is idle and every chunk
+        of the full window had a frame more slack than `min_slack_s` (see the module docstring)."""
+        c = self.cfg
+        if c.min_slack_s is None:
+            return
+        if self._slack_from is None:
+            self._slack_from = now
+        self._slack.append((now, slack))
+        while self._slack and self._slack[0][0] < now - c.slack_window_s:
+            self._slack.popleft()
+        if chunk.speech or chunk.frames is None or chunk.count < 2 or not self._spare(now, 1.0 / c.fps):
+            return
+        f = chunk.count
+        keep = min(chunk.pcm.size, max(0, self._fs(self._vc + f - 1) - self._w))  # ends on the timeline's frame grid
+        chunk.frames, chunk.count, chunk.pcm = chunk.frames[:f - 1], f - 1, chunk.pcm[:keep]
+        self._take_slack(1.0 / c.fps)
+        self._n["trimmed"] += 1
 
     def _drop_idle(self) -> bool:
         """Drop the oldest queued chunk without speech (latency recovery); False if every one has speech."""

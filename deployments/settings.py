@@ -262,6 +262,11 @@ class ServiceConfig(BaseModel):
     jitter_buffer_chunks: float = Field(
         default=1.0, ge=0, le=4, description="The output's jitter buffer, in chunk durations: the slack against "
         "late chunks, paid as latency by every chunk (the first waits this long before playout starts).")
+    jitter_min_slack_ms: float | None = Field(
+        default=30.0, ge=0, le=1000, description="LiveKit outputs: idle chunks (no speech) are trimmed a frame at a "
+        "time while every chunk of the last 6 s was queued this long plus a frame ahead of its play time, so the "
+        "buffer settles just above the lateness seen instead of at the start-up depth and speech starts that "
+        "much sooner (characters.pacing, min_slack_s). None: off.")
     pacing: Literal["realtime", "unpaced"] = Field(
         default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
         "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")

@@ -440,6 +440,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "chunks": stats["chunks"], "stage_ms": stats["stageMs"], "speech_ms_p50": stats["speechMsP50"],
         "video_share_s": VIDEO_SHARE_S, "duration_s": run_s,
         "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth,
+        "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
     }
 
 
@@ -455,7 +456,8 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    service_args = {"warm_slots": 1, "pipeline_depth": args.depth, "jitter_buffer_chunks": args.jitter_buffer}
+    service_args = {"warm_slots": 1, "pipeline_depth": args.depth, "jitter_buffer_chunks": args.jitter_buffer,
+                    "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms}
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
         init_local()
         try:
@@ -496,6 +498,8 @@ def main() -> None:
                     help="ray: the real pipeline (Serve, scheduler, warm slot, compiled graph, room worker); tiny / "
                          "synthetic: an in-process chunk loop")
     ap.add_argument("--jitter-buffer", type=float, default=1.0, help="ray: the output's jitter buffer, chunks")
+    ap.add_argument("--min-slack-ms", type=float, default=30.0,
+                    help="ray: idle chunks trimmed down to this slack (ServiceConfig.jitter_min_slack_ms); < 0: off")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")
     ap.add_argument("--utterances", type=int, default=10)
     ap.add_argument("--utterance-s", type=float, default=1.5)

@@ -102,7 +102,9 @@ class StatsOut(_Out):
                        "held repeats of a late chunk do not count); 24 when nothing is late.")
     presented_fps: float = Field(default=0.0, description="Frames the output presented per second, held repeats "
                                  "included (what a viewer counts; LiveKit rooms, else 0).")
-    late_chunks: int
+    late_chunks: int = Field(description="Chunks that were not there when their audio was due, so the output held "
+                             "a frame and played silence until they came (LiveKit rooms: the real playout's count; "
+                             "else the room's playout model's).")
     step_ms_p50: float
     step_ms_p95: float
     audio_queued_s: float

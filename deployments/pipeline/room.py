@@ -135,12 +135,14 @@ class RoomWorker:
     """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
 
     def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
-                 buffer_chunks: float = 1.0) -> None:
+                 buffer_chunks: float = 1.0, min_slack_ms: float | None = None) -> None:
         self.cfg, self.clock = cfg, clock
         telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
         self.buffer_chunks, self.buffer_s = buffer_chunks, buffer_chunks * self.chunk_s
+        self.min_slack_s = None if min_slack_ms is None else min_slack_ms / 1e3
+        self._late_seen, self._stall_seen = 0, 0.0  # the LiveKit playout's late chunks and stall, as reported
         self.sink: MediaSink | None = None
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
         self.session_id: str | None = None
@@ -167,13 +169,15 @@ class RoomWorker:
                                SessionAudioHandler(session, session_id) if session is not None else None,
                                max_duration_s=None if max_duration_s is None else max_duration_s + 5,
                                pacing=PacingConfig(fps=g.fps, frames_per_chunk=g.frames_per_chunk,
-                                                   sample_rate=m.audio.sample_rate, target_depth=self.buffer_chunks),
+                                                   sample_rate=m.audio.sample_rate, target_depth=self.buffer_chunks,
+                                                   min_slack_s=self.min_slack_s),
                                on_playback=self._playback.append)  # deque.append: safe from another thread
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink
         else:
             self.sink = NullSink()
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
+        self._late_seen, self._stall_seen = 0, 0.0
         self._playback.clear()
         self.session_id = session_id
 
@@ -195,6 +199,11 @@ class RoomWorker:
         if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements
             buffer_s, av_offset_s = room.playout.buffered_s, room.playout.av_offset_ms / 1e3
             presented = room.playout.fps
+            # late chunks as the real playout saw them (its timeline, trimmed or not), not the meter's model:
+            # the chunks that ended a stall since the last report (a chunk's lateness shows once it is due)
+            late = room.playout.late_chunks > self._late_seen
+            lateness = max(0.0, room.playout.stall_s - self._stall_seen) if late else 0.0
+            self._late_seen, self._stall_seen = room.playout.late_chunks, room.playout.stall_s
         playback = []
         while self._playback:
             playback.append(self._playback.popleft())

@@ -16,9 +16,10 @@ the samples of `chunk_sample_range(k)` from the queue, padded with silence when 
 (the character idles; generation never stops). `clear_audio` drops the queue (interruption).
 
 Stats: `step_ms_p50/p95` are chunk latencies, submit -> published by the room (DiT step, handoff,
-decode, publish; pipelined, so up to `pipeline_depth` chunks overlap); `fps` and `late_chunks` are
-the room's playout measurements (`deployments.pipeline.room.PlayoutMeter`); `buffer_ms` and `av_offset_ms` the output's
-(a LiveKit room's playout, else the meter); `stage_ms` the median of each chunk stage (`StageWindow`).
+decode, publish; pipelined, so up to `pipeline_depth` chunks overlap); `fps` is the room's playout
+model's (`deployments.pipeline.room.PlayoutMeter`); `late_chunks`, `buffer_ms` and `av_offset_ms` are the
+output's (a LiveKit room's real playout, where a late chunk is a held frame at the viewer; else the
+meter's); `stage_ms` the median of each chunk stage (`StageWindow`).
 """
 
 from __future__ import annotations

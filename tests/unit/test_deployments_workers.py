@@ -201,3 +201,37 @@ def test_an_avatars_reference_is_encoded_once_per_decoder_and_reused_exactly(
                        unpack(second, session_id="s2", chunk=REFERENCE))  # the same latent, for the new session
     dec.encode_reference("s3", other)
     assert dec.references_encoded == before + 2
+
+
+def test_room_reports_the_real_playouts_late_chunks_when_its_output_has_one(cfg: SessionConfig) -> None:
+    """A LiveKit output's playout (its own timeline, trimmed by the adaptive buffer) says which chunks were
+    late, not the room's model: a late chunk there is a held frame at the viewer. Each report carries the
+    chunks that ended a stall since the one before, and the stall's length."""
+    from types import SimpleNamespace
+
+    now = [10.0]
+    room = RoomWorker(cfg, clock=lambda: now[0])
+    room.open("s", OutputSpec())
+
+    class Output:  # what LiveKitSink exposes to the room: its last RoomStats (only .playout is read)
+        def __init__(self) -> None:
+            self.latest_stats = SimpleNamespace(playout=SimpleNamespace(
+                buffered_s=0.1, av_offset_ms=0.0, fps=24.0, late_chunks=0, stall_s=0.0))
+
+        def write(self, *_: object, **__: object) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    out = Output()
+    room.sink = out  # type: ignore[assignment]
+    frames = np.zeros((4, 64, 96, 3), np.uint8)
+    playout = out.latest_stats.playout
+    reports = []
+    for k, (late, stall) in enumerate([(0, 0.0), (1, 0.05), (1, 0.05), (2, 0.17)]):
+        now[0] = 10.0 + k * 4 / 24  # on time for the room's model: it would call none late
+        playout.late_chunks, playout.stall_s = late, stall
+        reports.append(room.publish(ChunkInput("s", k, pcm(k)), Frames("s", k, frames)))
+    assert [r.late for r in reports] == [False, True, False, True]
+    assert [r.lateness_s for r in reports] == pytest.approx([0.0, 0.05, 0.0, 0.12])

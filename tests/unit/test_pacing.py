@@ -545,3 +545,80 @@ def test_without_submit_times_a_start_has_its_latency_but_no_split() -> None:
     run.until(clock.t + 1.0)
     (started,) = [e for _, e in run.events() if e.kind == "started"]
     assert started.latency_s is not None and started.latency_s > 0.1 and started.split is None
+
+
+# ------------------------------------------------------------------------------------------ trimming idle chunks
+
+
+def test_idle_chunks_lose_frames_until_the_slack_is_min_slack_then_speech_keeps_every_frame() -> None:
+    """On-time chunks queue a whole chunk ahead (the start-up depth). Idle chunks are trimmed a frame at a
+    time until the least slack of the window is under min_slack_s + a frame; then speech plays whole, with
+    its own audio, in sync, with that much less latency and no late chunk."""
+    p, clock = make(min_slack_s=0.02, slack_window_s=2.0)
+    run = Run(p, clock)
+    t = clock.t
+    on_time(run, range(40), t, speech=0)
+    on_time(run, range(40, 60), t, speech=None)
+    run.until(t + 1.9)
+    st = p.stats()
+    # the window is not full yet: nothing trimmed; the slack is the start-up depth (a chunk) less the audio
+    # lead and up to one 10 ms audio frame (a chunk is committed when the audio frame that needs it is cut)
+    assert st.trimmed_frames == 0 and st.slack_min_s is not None and T - LEAD - 0.01 <= st.slack_min_s <= T - LEAD
+    run.until(t + 40 * T)
+    st = p.stats()
+    assert st.trimmed_frames == 2  # 0.120 s of slack -> 0.078 -> 0.037: a third would leave < 0.02
+    assert st.slack_min_s is not None and 0.02 <= st.slack_min_s < 0.02 + 1 / FPS
+    run.until(t + 60 * T)  # (chunk 59 still playing: the end of the stream is an underrun)
+    st = p.stats()
+    assert (st.trimmed_frames, st.late_chunks, st.underruns) == (2, 0, 0)
+    run.until(t + 60 * T + 1.0)
+    fresh = [int(v.frame[0, 0, 0]) for v in run.video() if v.fresh]
+    speech = [(i % 251) + 1 for i in range(40 * F, 60 * F)]
+    assert fresh[-len(speech):] == speech and len(fresh) == 60 * F - 2  # only 2 idle frames went
+    audio = run.audio()
+    assert np.array_equal(audio[np.flatnonzero(audio)], stream(40, 60))  # every speech sample, once, in order
+    assert st.av_offset_max_ms == pytest.approx(0.0, abs=0.07)  # still within a sample: audio cut on frame edges
+    video = run.video()
+    # the audio handed out matches the frames shown: the timeline stayed on its frame grid
+    assert audio.size == pytest.approx(len(video) * SR / FPS, abs=SR // 100)
+    first_speech = next(v for v in video if v.fresh and int(v.frame[0, 0, 0]) == speech[0])
+    assert first_speech.due == pytest.approx(t + 40 * T + T - 2 / FPS, abs=1e-3)  # 2 frames (83 ms) sooner
+
+
+def test_a_late_chunk_stops_the_trimming_for_a_window_and_no_speech_is_ever_trimmed() -> None:
+    p, clock = make(min_slack_s=0.04, slack_window_s=2.0)
+    run = Run(p, clock)
+    t = clock.t
+    # all speech: never trimmed, however deep the buffer
+    on_time(run, range(30), t, speech=None)
+    run.until(t + 30 * T + 0.5)
+    assert p.stats().trimmed_frames == 0
+    p, clock = make(min_slack_s=0.02, slack_window_s=2.0)
+    run = Run(p, clock)
+    t = clock.t
+    # idle, chunk 20 is 0.4 s late: its slack counts as 0, so nothing is trimmed until the window passed it
+    run.arrivals += [(t + k * T + (0.4 if k == 20 else 0.0), k, 0) for k in range(60)]
+    run.until(t + 20 * T + 0.2)
+    before = p.stats().trimmed_frames
+    assert before == 2
+    run.until(t + 20 * T + 0.4 + 1.9)
+    st = p.stats()
+    assert st.late_chunks == 1 and st.trimmed_frames == before  # the window still holds the late one
+    run.until(t + 60 * T + 1.0)
+    st = p.stats()
+    assert st.trimmed_frames > before and st.late_chunks == 1  # the stall's slack trimmed away again
+
+
+def test_trimming_follows_the_jitter_it_sees_without_making_chunks_late() -> None:
+    """Chunks arriving with up to 80 ms of random lateness: the buffer settles above the worst of it."""
+    rng = np.random.default_rng(0)
+    p, clock = make(min_slack_s=0.03, slack_window_s=4.0)
+    run = Run(p, clock)
+    t = clock.t
+    run.arrivals += [(t + k * T + float(rng.uniform(0, 0.08)), k, 0) for k in range(240)]
+    run.until(t + 240 * T)
+    st = p.stats()
+    assert st.late_chunks == 0 and st.underruns == 0 and st.trimmed_frames >= 1
+    # the least slack left: above 0 (never late), below the start-up depth's (trimmed), and under the margin
+    # only by jitter the window had not seen
+    assert st.slack_min_s is not None and 0 < st.slack_min_s < 0.03 + 1 / FPS
