@@ -62,6 +62,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--topology", default="1+1", help="a topology name, or DIT+DECODER GPUs per bundle (1+1: a DiT "
                    "GPU and a decoder GPU)")
     p.add_argument("--graph", choices=("compiled", "actor_calls"), default="compiled")
+    p.add_argument("--gcs-task-events", type=int, default=None,
+                   help="task events the head's GCS keeps (RAY_task_events_max_num_task_in_gcs; Ray's default 100000)")
     p.add_argument("--out", default="benchmarks/soak_multinode_cpu.json")
     p.add_argument("--png", default="docs/soak_multinode_cpu.png")
     p.add_argument("--from-log", default=None, help="rebuild --out and --png from the lines a run printed, "
@@ -240,6 +242,8 @@ def start(args: argparse.Namespace) -> LoopbackCluster | None:
                    max(2, 2 * max(args.concurrent, args.warm_slots)))
         return None
     cluster = LoopbackCluster(head_cpus=2)
+    if args.gcs_task_events is not None:
+        cluster.env["RAY_task_events_max_num_task_in_gcs"] = str(args.gcs_task_events)
     cluster.start()
     for i in range(args.nodes):
         cluster.add_node(num_gpus=args.gpus_per_node, num_cpus=4, name=f"node{i + 1}")
