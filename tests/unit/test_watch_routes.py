@@ -239,7 +239,8 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
     assert [t.stage for t in null.stages] == ["publish"]  # stamped with telemetry off too (SessionStats.stage_ms)
 
     class LiveKitLike:  # what RoomWorker reads of a LiveKitSink: write/close and the room's latest snapshot
-        latest_stats = SimpleNamespace(playout=SimpleNamespace(buffered_s=0.375, av_offset_ms=-2.5, fps=23.5))
+        latest_stats = SimpleNamespace(playout=SimpleNamespace(buffered_s=0.375, av_offset_ms=-2.5, fps=23.5,
+                                                               late_chunks=0, stall_s=0.0))
         submitted: ClassVar[list[float | None]] = []
 
         def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
