@@ -17,19 +17,20 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from characters.media import SAMPLE_IMAGE
+from deployments.livekit.server import free_port
 from deployments.telemetry import names as N
 from deployments.telemetry.receiver import OtlpReceiver, ReceivedSpan, tree
 
@@ -40,24 +41,6 @@ COLLECTOR_CONFIG = ROOT / "k8s" / "base" / "otel-collector-config.yaml"
 # what must never appear in the server's log around a clean session (each was seen at every session's end)
 ALARMING = ("Traceback", "Error cancelling worker task", "Using blocking ray.get", "ActorDiedError",
             "Ack received for unexpected RPC", " ERROR ")
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 0.25) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(every_s)
 
 
 def call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
@@ -90,7 +73,7 @@ class Collector:
             [str(binary), f"--config={COLLECTOR_CONFIG}", *(f"--set={k}={v}" for k, v in overrides.items())],
             env={**os.environ, "TRACES_BACKEND_ENDPOINT": backend_endpoint}, stdout=self._log,
             stderr=subprocess.STDOUT)
-        wait_for("the collector's health check", self._healthy, 60)
+        wait_for(self._healthy, 60, "the collector's health check")
 
     def _healthy(self) -> bool:
         assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
@@ -146,14 +129,14 @@ def test_characters_serve_traces_a_session_end_to_end_through_the_shipped_collec
         return "Ctrl-C to stop" in log_path.read_text()
 
     try:
-        wait_for("characters serve", up, 240, every_s=0.5)
+        wait_for(up, 240, "characters serve", every_s=0.5)
         started_log = len(log_path.read_text())
         image = base64.b64encode(SAMPLE_IMAGE.read_bytes()).decode()
         status, created = call(f"{base}/v1/sessions", "POST", {"avatar": {"image": image}, "maxDuration": 60})
         assert status == 201, created
         sid = created["id"]
-        running = wait_for("10 chunks", lambda: (b := call(f"{base}/v1/sessions/{sid}")[1])["stats"]["chunks"] >= 10
-                           and b, 60)
+        running = wait_for(lambda: (b := call(f"{base}/v1/sessions/{sid}")[1])["stats"]["chunks"] >= 10 and b, 60,
+                           "10 chunks")
         assert running["status"] == "RUNNING" and running["warmStart"] is True, running
         status, ended = call(f"{base}/v1/sessions/{sid}", "DELETE")
         assert status == 200 and ended["status"] == "ENDED" and ended["reason"] == "deleted", ended
@@ -171,7 +154,7 @@ def test_characters_serve_traces_a_session_end_to_end_through_the_shipped_collec
         return spans if any(s.name == N.SESSION_END and s.attributes.get(N.SESSION_ID) == sid for s in spans) \
             else None
 
-    spans = wait_for("the session's end through the collector", the_trace, 30)
+    spans = wait_for(the_trace, 30, "the session's end through the collector")
     request = next(s for s in spans if s.name == "POST /v1/sessions")
     mine = [s for s in spans if s.trace_id == request.trace_id]
     print(f"\ntrace {request.trace_id} (through the collector):\n" + tree(spans, request.trace_id, attributes=(
