@@ -79,7 +79,7 @@ from deployments.types import SessionSpec
 T = TypeVar("T")
 
 Transport = Literal["auto", "accelerator", "shm"]
-GraphMode = Literal["compiled", "actor_calls"]
+GraphMode = Literal["auto", "compiled", "actor_calls"]
 
 
 def _parse_bool_or_auto(raw: str) -> bool | None:
@@ -254,7 +254,10 @@ class ServiceConfig(BaseModel):
         "accelerator when the workers run on CUDA and the decoder has its own GPU, else shm.",
     )
     graph: GraphMode = Field(
-        default="compiled", description="compiled: a Ray Compiled Graph; actor_calls: plain actor calls (fallback)."
+        default="auto",
+        description="compiled: a Ray Compiled Graph; actor_calls: plain actor calls; auto: compiled when the workers "
+        "run on CUDA, actor_calls on CPUs, where each graph actor spins a core while it waits for its input "
+        "(Ray 2.60's shared-memory channels poll with sched_yield).",
     )
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Chunks in flight: 2 lets the DiT make chunk k+1 while k is decoded."

@@ -374,6 +374,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     t_joined = time.monotonic() - t_req
     await asyncio.sleep(2.0)  # idle video, for the motion baseline
     t_run = time.monotonic()
+    cpu_before = await asyncio.to_thread(cpu_times_by_process)
     first_sample: list[float] = []
     for pcm in utterances:
         first_sample.append(time.monotonic())  # the first sample is pushed now
@@ -384,6 +385,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         await asyncio.wait_for(output.wait_for_playout(), 60)
         await asyncio.sleep(args.pause_s)
     t_end = time.monotonic()
+    cpu_use = cpu_share(cpu_before, await asyncio.to_thread(cpu_times_by_process), t_end - t_run, os.getpid())
     info = await asyncio.to_thread(get, f"/v1/sessions/{sid}")
     events: list[Any] = []
     seq = 0
@@ -438,10 +440,42 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "viewer_fps": sum(t_run <= t < t_end for t in video_t) / run_s,
         "generated_fps": stats["fps"], "presented_fps": stats["presentedFps"], "late_chunks": stats["lateChunks"],
         "chunks": stats["chunks"], "stage_ms": stats["stageMs"], "speech_ms_p50": stats["speechMsP50"],
-        "video_share_s": VIDEO_SHARE_S, "duration_s": run_s,
-        "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth,
+        "video_share_s": VIDEO_SHARE_S, "duration_s": run_s, "cores_used": cpu_use,
+        "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth, "graph": args.graph,
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
     }
+
+
+
+def cpu_times_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's name and CPU seconds (user + system) so far, read from /proc. Ray workers are named
+    by their proctitle (`ray::ClassName...`), the rest by their executable."""
+    import psutil
+
+    out: dict[int, tuple[str, float]] = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            t = proc.cpu_times()
+            cmd = proc.info["cmdline"] or []
+            name = cmd[0].split(" ")[0] if cmd and cmd[0].startswith("ray::") else proc.info["name"] or "?"
+            if name.startswith("ray::"):
+                name = name.split(".")[0].split("(")[0]
+            out[proc.pid] = (name, t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def cpu_share(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float,
+              driver_pid: int) -> dict[str, float]:
+    """Cores used over `seconds` per process name, largest first; this process (the agent and the viewer)
+    is `bench (agent + viewer)`. Processes that started in between count from 0."""
+    use: dict[str, float] = {}
+    for pid, (name, t) in after.items():
+        dt = t - before.get(pid, (name, 0.0))[1]
+        label = "bench (agent + viewer)" if pid == driver_pid else name
+        use[label] = use.get(label, 0.0) + dt / seconds
+    return dict(sorted(((k, round(v, 3)) for k, v in use.items() if v >= 0.005), key=lambda kv: -kv[1]))
 
 
 def main_ray(args: argparse.Namespace) -> dict[str, Any]:
@@ -458,6 +492,8 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
         port = int(s.getsockname()[1])
     service_args = {"warm_slots": 1, "pipeline_depth": args.depth, "jitter_buffer_chunks": args.jitter_buffer,
                     "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms}
+    if args.graph:
+        service_args["graph"] = args.graph
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
         init_local()
         try:
@@ -490,6 +526,7 @@ def print_ray(result: dict[str, Any]) -> None:
         print(f"{name:<44}{p50:>9.3f}{p95:>9.3f}")
     print(f"viewer {result['viewer_fps']:.2f} fps; server generated {result['generated_fps']:.2f} fps, presented "
           f"{result['presented_fps']:.2f}; late chunks {result['late_chunks']} of {result['chunks']}")
+    print("cores used over the run: " + ", ".join(f"{k} {v:.2f}" for k, v in result["cores_used"].items()))
 
 
 def main() -> None:
@@ -500,6 +537,8 @@ def main() -> None:
     ap.add_argument("--jitter-buffer", type=float, default=1.0, help="ray: the output's jitter buffer, chunks")
     ap.add_argument("--min-slack-ms", type=float, default=30.0,
                     help="ray: idle chunks trimmed down to this slack (ServiceConfig.jitter_min_slack_ms); < 0: off")
+    ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,
+                    help="ray: how the chunk flows between the workers (ServiceConfig.graph; default: the service's)")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")
     ap.add_argument("--utterances", type=int, default=10)
     ap.add_argument("--utterance-s", type=float, default=1.5)

@@ -28,8 +28,15 @@ workers get their session state through plain actor calls (start, open, reset), 
 actors' default thread while the graph's loop waits on its input channel; the session id travels
 with every chunk, so a chunk of another session fails loudly (`SessionMismatch`).
 
-`ActorCallPipeline` is the same interface over plain actor calls (`graph="actor_calls"`), kept as the
-fallback and as the baseline the benchmark compares against.
+`ActorCallPipeline` is the same interface over plain actor calls (`graph="actor_calls"`): the default
+on CPUs (`graph_mode`), the fallback, and the baseline the benchmark compares against.
+
+Why not the graph on CPUs: in Ray 2.60 a graph actor waiting on its input channel polls it
+(`sched_yield` in a loop), so it spins a core while idle: 0.98 cores for each of two idle actors fed every
+166.7 ms (measured). On the embedded default's two cores the DiT, decoder and room actors, waiting
+most of each chunk, took 0.61 + 0.50 + 0.58 cores, all that was left, against 0.25 + 0.13 + 0.18 over
+actor calls for the same chunks (`scripts/bench_latency.py`'s `cores_used`). On a GPU host the
+spinning costs a few of many cores and buys the NCCL handoff and the graph's per-chunk latency.
 """
 
 from __future__ import annotations
@@ -118,6 +125,14 @@ class Workers:
             except RayError:
                 continue  # still busy or timed out: not known dead
         return failure
+
+
+def graph_mode(mode: str, device: str) -> str:
+    """`ServiceConfig.graph` for workers on `device` (cpu | cuda): "auto" is the compiled graph on CUDA
+    and plain actor calls on CPUs (see the module docstring)."""
+    if mode != "auto":
+        return mode
+    return "compiled" if device == "cuda" else "actor_calls"
 
 
 class CompiledPipeline:

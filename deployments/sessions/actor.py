@@ -24,6 +24,7 @@ from deployments.pipeline.graph import (
     Pipeline,
     Workers,
     classify,
+    graph_mode,
 )
 from deployments.pipeline.workers import ChunkReport
 from deployments.sessions.recovery import History, Resume, prime, prime_windows
@@ -256,7 +257,7 @@ class SessionActor:
             return self.pipeline
 
     def _make_pipeline(self) -> Pipeline:
-        if self.service.graph == "actor_calls":
+        if graph_mode(self.service.graph, self.workers.device) == "actor_calls":
             return ActorCallPipeline(self.workers)
         g = self.cfg.model.generation
         frame_bytes = g.frames_per_chunk * g.height * g.width * 3

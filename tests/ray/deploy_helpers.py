@@ -19,8 +19,10 @@ SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "v
 
 
 def small_service(**fields: Any) -> ServiceConfig:
+    # The compiled graph, as on GPUs: these tests are about its failures, leaks and teardown (on CPUs the
+    # service's default is plain actor calls, which the LiveKit and client tests run; `graph_mode`).
     base: dict[str, Any] = {"topology": "gpu1", "model_overrides": SMALL, "queue_timeout_s": 120.0,
-                            "placement_timeout_s": 60.0}
+                            "placement_timeout_s": 60.0, "graph": "compiled"}
     return ServiceConfig(**(base | fields))
 
 

@@ -44,7 +44,7 @@ def cluster() -> Iterator[None]:
 def test_tiny_session_streams_through_the_compiled_graph(tmp_path: Path) -> None:
     """The real tiny preset on CPU bundles, 8 s of video to an MP4 with the agent's audio muxed in."""
     service = ServiceConfig(preset="tiny", topology="cpu", use_gpus=False, output_dir=str(tmp_path),
-                            placement_timeout_s=60.0)
+                            placement_timeout_s=60.0, graph="compiled")
     with scheduler(service, "t-tiny") as sched:
         s = spec("tiny", service, output=OutputSpec("file", "tiny.mp4"), max_duration_s=8.0)
         assert ray.get(sched.create_session.remote(s)).status is SessionStatus.STARTING

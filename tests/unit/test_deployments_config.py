@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from ray.exceptions import ActorDiedError, GetTimeoutError
 
 from characters.config import TopologyConfig
-from deployments.pipeline.graph import ChunkFailure, classify
+from deployments.pipeline.graph import ChunkFailure, classify, graph_mode
 from deployments.pipeline.handoff import REFERENCE, HandoffError, pack, resolve_transport, unpack
 from deployments.settings import QUEUE_MAX, USE_GPUS, ServiceConfig
 from deployments.types import NoCapacity
@@ -88,6 +88,16 @@ def test_transport_follows_the_device() -> None:
     assert resolve_transport("shm", "cuda", decoder_shares_gpu=False) == "shm"
     with pytest.raises(ValueError, match="separate CUDA GPUs"):
         resolve_transport("accelerator", "cpu", decoder_shares_gpu=False)
+
+
+def test_the_graph_follows_the_device_unless_configured() -> None:
+    """auto: the compiled graph on CUDA, plain actor calls on CPUs (a graph actor spins a core while idle)."""
+    assert ServiceConfig().graph == "auto"
+    assert (graph_mode("auto", "cuda"), graph_mode("auto", "cpu")) == ("compiled", "actor_calls")
+    for mode in ("compiled", "actor_calls"):
+        assert graph_mode(mode, "cpu") == graph_mode(mode, "cuda") == mode
+    with pytest.raises(ValidationError, match="graph"):
+        ServiceConfig(graph="spin")
 
 
 def test_failures_are_classified() -> None:
