@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="1: the decoder on a GPU of its own (NCCL handoff); 0: it shares DiT rank 0's GPU")
     p.add_argument("--sessions", type=int, default=1, help="sessions side by side, one slot each")
     p.add_argument("--layouts", default="replicated", help=f"comma list of {sorted(LAYOUTS)}")
+    p.add_argument("--graph", choices=["compiled", "actor_calls", "auto"], default="compiled",
+                   help="how chunks flow between the workers (ServiceConfig.graph); the compiled graph by default, "
+                        "also on CPUs, where the service itself takes actor calls")
     p.add_argument("--depths", default="2", help="comma list of pipeline depths (1: no DiT/decode overlap)")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each variant's sessions run")
     p.add_argument("--pacing", choices=("unpaced", "realtime"), default="unpaced")
@@ -99,7 +102,8 @@ def service_for(args: argparse.Namespace, layout: str, depth: int) -> Any:
     topo = TopologyConfig(name=name, dit_ranks=args.dit_ranks, decoder_gpus=args.decoder_gpus, **LAYOUTS[layout])
     return ServiceConfig(preset=args.preset, topology=topo, model_overrides=model_overrides(args),
                          use_gpus=True, queue_max=0, pipeline_depth=depth, weights="random", pacing=args.pacing,
-                         placement_timeout_s=120.0, worker_timeout_s=args.start_timeout, chunk_timeout_s=120.0)
+                         placement_timeout_s=120.0, worker_timeout_s=args.start_timeout, chunk_timeout_s=120.0,
+                         graph=args.graph)
 
 
 def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
