@@ -90,10 +90,11 @@ def wait_failed(sched: Any, session_id: str, t0: float, timeout_s: float = 10.0)
 # ------------------------------------------------------------------------------------------ workers
 
 
-@pytest.fixture(scope="class")
-def bystander() -> Iterator[Any]:
-    """A scheduler with a session that runs through every fault of the class."""
-    service = small_service(queue_max=0, warm_slots=0)
+@pytest.fixture(scope="class", params=["compiled", "actor_calls"])
+def bystander(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A scheduler with a session that runs through every fault of the class, over the compiled graph (GPUs)
+    and over plain actor calls (the default on CPUs)."""
+    service = small_service(queue_max=0, warm_slots=0, graph=request.param)
     with scheduler(service, "t-faults") as sched:
         ray.get(sched.create_session.remote(spec("bystander", service, max_duration_s=600)))
         wait_chunks(sched, "bystander", 6, timeout_s=120)
@@ -129,7 +130,7 @@ class TestWorkerDeaths:
         wait_for(lambda: slot["slot_id"] not in {s["slot_id"] for s in slots(sched)}, 10, "the slot's removal")
         rate = pace(sched, "bystander", since)
         by = info(sched, "bystander")
-        MEASURED[f"kill_{victim}"] = {"detect_s": round(detect_s, 3), "reason": reason,
+        MEASURED[f"kill_{victim}_{service.graph}"] = {"detect_s": round(detect_s, 3), "reason": reason,
                                       "bystander_chunks_per_s": round(rate, 2), "bystander_fps": round(by.stats.fps, 2)}
         assert by.status is SessionStatus.RUNNING
         assert rate >= 0.75 * CHUNKS_PER_S, (rate, by.stats)  # ~24 fps: a slip, not a stall
@@ -182,7 +183,7 @@ class TestWorkerDeaths:
         wait_for(lambda: pg_state(b_pg) == "REMOVED", 30, "b's placement group removal")
         ray.get(sched.end_session.remote("c"))
         statuses = [e.detail for e in all_events(sched, "b") if e.kind == "status"]
-        MEASURED["kill_scheduler"] = {"back_s": round(back_s, 3), "adopted_slots": len(after),
+        MEASURED[f"kill_scheduler_{service.graph}"] = {"back_s": round(back_s, 3), "adopted_slots": len(after),
                                       "bystander_chunks_per_s_across_the_restart": round(rate, 2)}
         assert "adopted by a restarted scheduler" in statuses
         assert rate >= 0.75 * CHUNKS_PER_S, rate  # the sessions never noticed
