@@ -34,8 +34,8 @@ on CPUs (`graph_mode`), the fallback, and the baseline the benchmark compares ag
 Why not the graph on CPUs: in Ray 2.60 a graph actor waiting on its input channel polls it
 (`sched_yield` in a loop), so it spins a core while idle: 0.98 cores for each of two idle actors fed every
 166.7 ms (measured). On the embedded default's two cores the DiT, decoder and room actors, waiting
-most of each chunk, took 0.61 + 0.50 + 0.58 cores, all that was left, against 0.25 + 0.13 + 0.18 over
-actor calls for the same chunks (`scripts/bench_latency.py`'s `cores_used`). On a GPU host the
+most of each chunk, took 0.61 + 0.50 + 0.58 cores, all that was left; over actor calls, in the next run
+of the same benchmark, 0.26 + 0.13 + 0.18 (`scripts/bench_latency.py`'s `cores_used`). On a GPU host the
 spinning costs a few of many cores and buys the NCCL handoff and the graph's per-chunk latency.
 """
 
