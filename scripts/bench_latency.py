@@ -446,7 +446,6 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     }
 
 
-
 def cpu_times_by_process() -> dict[int, tuple[str, float]]:
     """Every process's name and CPU seconds (user + system) so far, read from /proc. Ray workers are named
     by their proctitle (`ray::ClassName...`), the rest by their executable."""
@@ -457,9 +456,8 @@ def cpu_times_by_process() -> dict[int, tuple[str, float]]:
         try:
             t = proc.cpu_times()
             cmd = proc.info["cmdline"] or []
-            name = cmd[0].split(" ")[0] if cmd and cmd[0].startswith("ray::") else proc.info["name"] or "?"
-            if name.startswith("ray::"):
-                name = name.split(".")[0].split("(")[0]
+            ray_worker = bool(cmd) and cmd[0].startswith("ray::")  # e.g. "ray::DiTWorker.step()": the class
+            name = cmd[0].split(" ")[0].split(".")[0].split("(")[0] if ray_worker else proc.info["name"] or "?"
             out[proc.pid] = (name, t.user + t.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

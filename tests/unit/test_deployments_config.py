@@ -100,6 +100,17 @@ def test_the_graph_follows_the_device_unless_configured() -> None:
         ServiceConfig(graph="spin")
 
 
+def test_a_slot_on_cpus_drives_its_chunks_over_actor_calls_by_default() -> None:
+    """The session actor's pipeline follows the mode: without a compiled graph on CPU workers."""
+    from deployments.pipeline.graph import ActorCallPipeline, Workers
+    from deployments.sessions.actor import SessionActor
+
+    actor = object.__new__(SessionActor)  # only the fields _make_pipeline reads
+    actor.service = ServiceConfig()
+    actor.workers = Workers(dits=[], decoder=None, room=None, transport="shm", device="cpu")
+    assert isinstance(actor._make_pipeline(), ActorCallPipeline)
+
+
 def test_failures_are_classified() -> None:
     assert classify(GetTimeoutError("slow")).reason == "chunk_timeout"
     assert classify(ActorDiedError()).reason == "actor_died"
