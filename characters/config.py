@@ -83,9 +83,19 @@ class VAEConfig(_Frozen):
         default="conv",
         description="How the decoder reaches full resolution. 'conv' (Wan's): a third 2x up-sampling, a "
         "full-resolution stage and a causal 3x3x3 conv to RGB. 'pixel_shuffle': no full-resolution stage (the "
-        "first multiplier is then the encoder's only); the half-resolution stage's causal 3x3x3 output conv makes "
+        "first multiplier is then the encoder's only); the half-resolution stage's 3x3 output conv makes "
         "each position's 2x2 RGB pixels (12 channels, a learned 2x pixel shuffle): the CPU default's choice, "
         "where full-resolution passes were over half of the decoder's time.",
+    )
+    decoder_last_channels: int | None = Field(
+        default=None, ge=1,
+        description="'pixel_shuffle' only: channels of the last (half-resolution) stage and the output conv's input; "
+        "None: base_channels x channel_mult[1], the stage's width in the 'conv' decoder.",
+    )
+    decoder_last_kt: Literal[1, 3] = Field(
+        default=1,
+        description="'pixel_shuffle' only: temporal kernel of the last stage's convs and the output conv; 1: each "
+        "frame on its own, 3: causal 3x3x3 convs that see the 2 frames before (3x that stage's conv work).",
     )
 
     @model_validator(mode="after")
@@ -94,6 +104,11 @@ class VAEConfig(_Frozen):
             raise ValueError(
                 f"vae.channel_mult={self.channel_mult} must have 4 stages (8x spatial = 3 up-samplings); "
                 "give four multipliers such as (1, 2, 4, 4)"
+            )
+        if self.decoder_output == "conv" and (self.decoder_last_channels is not None or self.decoder_last_kt != 1):
+            raise ValueError(
+                f"vae.decoder_last_channels={self.decoder_last_channels} / vae.decoder_last_kt={self.decoder_last_kt} "
+                "shape a 'pixel_shuffle' decoder's last stage; with decoder_output='conv' leave them at None / 1"
             )
         return self
 

@@ -337,8 +337,11 @@ class CausalDecoder(nn.Module):
         self.cfg = cfg
         widths = [cfg.base_channels * m for m in reversed(cfg.channel_mult)]  # lowest resolution first
         self.shuffle = 2 if cfg.decoder_output == "pixel_shuffle" else 1  # output pixels per position, each way
+        last_kt = 3
         if self.shuffle > 1:
             widths = widths[:-1]  # no full-resolution stage: the output conv makes 2x2 pixels per position
+            widths[-1] = cfg.decoder_last_channels or widths[-1]
+            last_kt = cfg.decoder_last_kt
         scale, frames = 1, 1
         self.conv_in = CausalConv3d(cfg.latent_channels, widths[0], (3, 3, 3), scale, frames)
         # The mid block, then the stages from the lowest resolution up, run in this order.
@@ -350,7 +353,7 @@ class CausalDecoder(nn.Module):
             ]
         )
         for i, c in enumerate(widths):
-            kt = 1 if self.shuffle > 1 and i == len(widths) - 1 else 3  # a shuffled decoder's last stage: per frame
+            kt = last_kt if i == len(widths) - 1 else 3  # a shuffled decoder's last stage: per frame by default
             self.blocks.extend(ResBlock(c, scale, frames, kt) for _ in range(cfg.num_res_blocks + 1))
             if i < len(widths) - 1:
                 temporal = i < 2  # 4x = two 2x temporal up-samplings, at the two lowest resolutions

@@ -139,7 +139,7 @@ def save_weights(model: nn.Module, path: str | Path) -> None:
     save_file(state, str(path))
 
 
-def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> nn.Module:
+def load_weights(model: M, path: str | Path, *, strict: bool = True) -> M:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")

@@ -95,7 +95,7 @@ def main() -> None:
         "weights": str(weights.relative_to(ROOT) if weights and weights.is_relative_to(ROOT) else weights or "random"),
         "cache_mode": args.cache_mode, "threads": args.threads, "torch": torch.__version__, "seed": args.seed,
         "vae_decoder_output": cfg.model.vae.decoder_output,
-        "lipsync": score.as_dict(), "ground_truth": truth.as_dict(),
+        "lipsync": {**score.as_dict(), "r_clips": score.r_clips}, "ground_truth": truth.as_dict(),
         "random_weights": baseline.as_dict() if baseline else None, "generate_s": gen_s, "drift": drift,
     }
     out = Path(args.out or ROOT / "benchmarks" / f"lipsync_{args.preset}.json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig
@@ -43,6 +44,24 @@ def generate(dit: DiTRunner, encoder: ReferenceEncoder | None, decoder: DecoderR
         if decoder is not None:
             out.append(decoder.decode(latents).cpu().numpy())
     return np.concatenate(out)[:frames] if decoder is not None else None
+
+
+def generate_latents(dit: DiTRunner, encoder: ReferenceEncoder, image: np.ndarray, pcm: np.ndarray, frames: int,
+                     seed: int | None = None) -> torch.Tensor:
+    """The DiT's half of `generate`: the session's latents (C, L, h, w) float32, L = ceil(frames / F per latent
+    frame). The DiT never sees the decoder's output, so `decode_latents` of these gives `generate`'s frames."""
+    dit.start(encoder.encode(image), seed)
+    fc = dit.cfg.model.generation.frames_per_chunk
+    return torch.cat([dit.step(chunk_pcm(pcm, k, fc))[0] for k in range(-(-frames // fc))], dim=1).cpu()
+
+
+def decode_latents(decoder: DecoderRunner, latents: torch.Tensor, frames: int) -> np.ndarray:
+    """The decoder's half of `generate`: latents (C, L, h, w) -> the first `frames` frames (F, H, W, 3) uint8,
+    streamed chunk by chunk from a fresh state as a session decodes them."""
+    decoder.start()
+    cf = decoder.cfg.model.generation.latent_frames_per_chunk
+    out = [decoder.decode(latents[None, :, k:k + cf]).cpu().numpy() for k in range(0, latents.shape[1], cf)]
+    return np.concatenate(out)[:frames]
 
 
 @dataclass

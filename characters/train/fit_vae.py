@@ -79,13 +79,13 @@ def build_vae(cfg: ModelConfig, seed: int) -> tuple[VAEEncoder, CausalDecoder]:
     return seeded_build(lambda: VAEEncoder(cfg.vae), seed + 2), seeded_build(lambda: CausalDecoder(cfg.vae), seed + 3)
 
 
-def _optimizer(params: list[torch.nn.Parameter], tc: VAETrainConfig
-               ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def optimizer(params: list[torch.nn.Parameter], lr: float, steps: int
+              ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW with a linear warm-up over the first 5% of steps, then a cosine down to 5% of the rate."""
-    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    warm = max(1, tc.steps // 20)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+    warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * i / tc.steps))))
+        opt, lambda i: min(1.0, (i + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * i / steps))))
     return opt, sched
 
 
@@ -97,8 +97,8 @@ def _reconstruction_l1(decoder: CausalDecoder, z: torch.Tensor, video: torch.Ten
     return ((recon - video).abs() * weight).mean() / weight.mean()
 
 
-def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
-          sched: torch.optim.lr_scheduler.LambdaLR) -> None:
+def optimizer_step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
+                   sched: torch.optim.lr_scheduler.LambdaLR) -> None:
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -114,7 +114,7 @@ def train_vae(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig,
     encoder = encoder.to(tc.device)
     decoder = decoder.to(tc.device).to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
     params = [*encoder.parameters(), *decoder.parameters()]
-    opt, sched = _optimizer(params, tc)
+    opt, sched = optimizer(params, tc.lr, tc.steps)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     for step in range(tc.steps):
@@ -124,7 +124,7 @@ def train_vae(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig,
         zc = z.transpose(0, 1).reshape(z.shape[1], -1)  # (C, B*L*h'*w')
         stats = (zc.mean(1) ** 2).mean() + ((zc.std(1) - 1) ** 2).mean()
         loss = l1 + tc.stats_weight * stats
-        _step(loss, params, opt, sched)
+        optimizer_step(loss, params, opt, sched)
         if step % 25 == 0 or step == tc.steps - 1:
             row = {"step": step, "l1": float(l1.detach()), "stats": float(stats.detach()),
                    "z_std": float(zc.detach().std(1).mean()),
@@ -175,7 +175,7 @@ def train_decoder(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig, encod
     decoder = decoder.to(tc.device)
     decoder = decoder.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
     params = list(decoder.parameters())
-    opt, sched = _optimizer(params, tc)
+    opt, sched = optimizer(params, tc.lr, tc.steps)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     for step in range(tc.steps):
@@ -183,7 +183,7 @@ def train_decoder(cfg: ModelConfig, clips: list[Clip], tc: VAETrainConfig, encod
         with torch.no_grad():
             z = encoder(video)  # (B, C, L, h', w')
         l1 = _reconstruction_l1(decoder, z, video, weight, tc)
-        _step(l1, params, opt, sched)
+        optimizer_step(l1, params, opt, sched)
         if step % 25 == 0 or step == tc.steps - 1:
             row = {"step": step, "l1": float(l1.detach()), "s": time.perf_counter() - t0}
             history.append(row)

@@ -79,10 +79,16 @@ def lipsync_score(frames: Sequence[np.ndarray], pcm: Sequence[np.ndarray], ident
     """Score clips of generated frames against their audio. frames[i] (F, H, W, 3) uint8; pcm[i] its
     float32 16 kHz speech (frame f = samples [f*16000/24, (f+1)*16000/24)); identities / references say
     where the mouth is and how it looks closed."""
-    per_clip = []
-    for fr, p, ident, ref in zip(frames, pcm, identities, references, strict=True):
-        video = mouth_signal(fr, ident, ref)
-        per_clip.append(offset_correlations(video, frame_envelope(p, len(video)), max_offset))
+    signals = [mouth_signal(fr, ident, ref) for fr, ident, ref in zip(frames, identities, references, strict=True)]
+    return lipsync_of_signals(signals, pcm, max_offset)
+
+
+def lipsync_of_signals(signals: Sequence[np.ndarray], pcm: Sequence[np.ndarray], max_offset: int = MAX_OFFSET
+                       ) -> LipSync:
+    """`lipsync_score` from the clips' mouth signals (`mouth_signal`, (F,) each), e.g. computed where the frames
+    were made, so that only the signals travel."""
+    per_clip = [offset_correlations(video, frame_envelope(p, len(video)), max_offset)
+                for video, p in zip(signals, pcm, strict=True)]
     mean = {d: float(np.mean([c[d] for c in per_clip])) for d in range(-max_offset, max_offset + 1)}
     best = max(mean, key=lambda d: (mean[d], -abs(d)))
     return LipSync(mean[best], best, len(per_clip), mean, [c[best] for c in per_clip])

@@ -88,3 +88,8 @@ def test_cpu_threads_and_decoder_output_fields() -> None:
     assert MODEL_PRESETS["57b"].vae.decoder_output == MODEL_PRESETS["wan-1.3b"].vae.decoder_output == "conv"
     with pytest.raises(ValidationError, match="decoder_output"):
         VAEConfig(**base, decoder_output="bilinear")
+    assert (MODEL_PRESETS["tiny"].vae.decoder_last_channels, MODEL_PRESETS["tiny"].vae.decoder_last_kt) == (None, 1)
+    with pytest.raises(ValidationError, match=r"decoder_last_channels=12.*pixel_shuffle"):
+        VAEConfig(**base, decoder_last_channels=12)  # a 'conv' decoder has no such stage
+    with pytest.raises(ValidationError, match="decoder_last_kt"):
+        VAEConfig(**base, decoder_output="pixel_shuffle", decoder_last_kt=2)

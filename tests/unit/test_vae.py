@@ -359,3 +359,28 @@ def test_flops_of_the_pixel_shuffle_decoder_match_its_layers(ps_decoder: CausalD
             hook.remove()
     assert decoder_flops_per_chunk(SMALL_PS, *LATENT_HW) == 2.0 * macs
     assert decoder_flops_per_chunk(SMALL_PS, *LATENT_HW) < 0.5 * decoder_flops_per_chunk(SMALL, *LATENT_HW)
+
+
+SMALL_PS_WIDE = SMALL_PS.model_copy(update={"decoder_last_channels": 6, "decoder_last_kt": 3})
+
+
+def test_the_light_decoders_last_stage_takes_its_width_and_temporal_kernel() -> None:
+    d = CausalDecoder(SMALL_PS_WIDE)
+    last = [m for m in d.modules() if isinstance(m, CausalConv3d) and m.scale == 4]
+    # the third up-sampling's conv makes 6 channels; the stage's convs and conv_out see 2 past frames
+    assert [(m.in_channels, m.out_channels, m.kernel_size) for m in last] == [
+        (8, 6, (1, 3, 3)), (6, 6, (3, 3, 3)), (6, 6, (3, 3, 3)), (6, 6, (3, 3, 3)), (6, 6, (3, 3, 3)),
+        (6, 12, (3, 3, 3))]
+    assert decoder_param_count(SMALL_PS_WIDE) == sum(p.numel() for p in d.parameters())
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+@torch.inference_mode()
+def test_a_wider_temporal_last_stage_streams_and_serves_as_the_generic_decoder(chunk: int) -> None:
+    d = _prepared(SMALL_PS_WIDE)
+    z = _latents(3 * chunk)
+    whole = d.decode(z)
+    torch.testing.assert_close(_stream(d, z, chunk), whole, atol=2e-5, rtol=0)
+    d.prepare_cpu()
+    windowed = d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=chunk)
+    torch.testing.assert_close(_stream(d, z, chunk, windowed), whole, atol=2e-5, rtol=0)
