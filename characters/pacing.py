@@ -32,6 +32,17 @@ by itself when a chunk is late (the stall). When the owner polls late
 (`slips`): during a stall longer than the audio lead the sink's queue ran dry and played a gap, so
 the audio is late by that much for good; the video slips with it instead of racing ahead.
 
+Speech onsets. A chunk pushed with `onset=True` (the generator made it from the first speech after idle
+chunks, early, without waiting for its chunk boundary: `deployments.pipeline.graph.run_chunk_loop`) plays
+as soon as it can: the idle content ahead of it on the timeline (queued idle chunks, then committed idle
+frames whose audio is not handed out yet) is cut, whole frames from the latest back, until the chunk's audio
+is due `onset_slack_s` after it arrived (or the idle content ends), plus however much the slowest chunk of the
+last `slack_window_s` took from its submit to its arrival beyond a chunk's duration: the chunk after the onset,
+made once the onset is out, must still arrive before its turn. `push` returns the seconds cut, and the
+pusher must move its chunk clock that much earlier (the chunks after the onset then keep the slack they had;
+a generator that ignored it would see them late by as much). An onset chunk's own slack is not counted by the
+idle trimming (it is small by design), and speech is never cut.
+
 Speech segments (the avatar protocol's unit: one agent audio stream). The room reports what it sent
 to generation, in order (`speech_open`, `speech_sent`, `speech_ended`); a chunk's window holds agent
 speech first, then padding, so `speech_samples` of its leading samples are speech (FIFO order). When
@@ -91,6 +102,9 @@ class PacingConfig(BaseModel):
                                       "frame ahead of its play time (None: off; see the module docstring).")
     slack_window_s: float = Field(default=6.0, gt=0, description="The window of chunk slacks `min_slack_s` "
                                   "is checked against (it must be full before anything is trimmed).")
+    onset_slack_s: float = Field(default=0.02, ge=0, description="An onset chunk (`push(onset=True)`) has its audio "
+                                 "handed out this long after it arrived (its frames `audio_lead_s` later), idle "
+                                 "content ahead of it cut to make it so (see the module docstring).")
     stale_speech_s: float = Field(default=5.0, gt=0, description="Speech not generated this long after it was "
                                   "sent is counted lost once a chunk without speech arrives.")
     stats_window_s: float = Field(default=2.0, gt=0, description="Window of the fps and A/V offset stats.")
@@ -184,6 +198,8 @@ class PlayoutStats:
     stall_s: float  # total time shown as held frames while waiting for a late chunk
     dropped_idle_chunks: int  # latency recovery (max_depth, shrink_after_s)
     trimmed_frames: int  # latency recovery within idle chunks (min_slack_s)
+    onsets: int  # chunks pushed with onset=True
+    cut_s: float  # idle content cut from the timeline ahead of onset chunks, in all
     slack_min_s: float | None  # the least slack of the chunks committed in the last slack_window_s
     dropped_cleared_chunks: int
     slips: int
@@ -222,6 +238,7 @@ class _Chunk:
     arrived: float
     index: int = 0  # chunks pushed before it
     submitted: float | None = None  # when the generator took its audio (the caller's clock), if known
+    onset: bool = False  # played as soon as it arrived (its slack is not the idle trimming's business)
 
     @property
     def speech(self) -> bool:
@@ -283,8 +300,9 @@ class Playout:
         self._shown: deque[tuple[float, bool]] = deque()  # (time, fresh) of shown frames in the window
         self._offsets: deque[tuple[float, float]] = deque()
         self._n = {"late": 0, "underruns": 0, "idle": 0, "cleared": 0, "slips": 0, "frames": 0, "fresh": 0,
-                   "audio": 0, "lost": 0, "trimmed": 0}
+                   "audio": 0, "lost": 0, "trimmed": 0, "onsets": 0}
         self._stall_total = 0.0
+        self._cut_total = 0.0
         self._offset_last = 0.0
         self._clear_at: float | None = None
         self._idle_after: float | None = None
@@ -295,6 +313,7 @@ class Playout:
         self._deep_since: float | None = None
         self._pushed = 0
         self._slack: deque[tuple[float, float]] = deque()  # (committed at, slack) of the last slack_window_s
+        self._made: deque[tuple[float, float]] = deque()  # (arrived at, submit -> arrival) of the last slack_window_s
         self._slack_from: float | None = None  # when the first chunk was committed
 
     # ----------------------------------------------------------------------------- speech ledger
@@ -323,10 +342,11 @@ class Playout:
 
     # ----------------------------------------------------------------------------- chunks
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-             submitted_at: float | None = None) -> None:
+             submitted_at: float | None = None, onset: bool = False) -> float:
         """Queue a generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 window that made them.
         `submitted_at`: when the generator took that window (on this playout's clock): segment starts then
-        say where their latency went (`SegmentEvent.split`)."""
+        say where their latency went (`SegmentEvent.split`). `onset`: a speech onset, played as soon as it
+        can (see the module docstring). Returns the seconds of idle content cut ahead of it (0.0 mostly)."""
         c = self.cfg
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 1:
             raise ValueError(f"frames must be (F, H, W, 3) uint8 with F >= 1, got {frames.shape} {frames.dtype}")
@@ -339,6 +359,10 @@ class Playout:
             raise ValueError(f"frames are {frames.shape[1:]}, earlier frames were {self._last.shape}; "
                              "the resolution is fixed for a session")
         now = self.clock()
+        if submitted_at is not None:
+            self._made.append((now, now - submitted_at))
+            while self._made and self._made[0][0] < now - c.slack_window_s:
+                self._made.popleft()
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
         spans = self._take_speech(speech, now)
         chunk = _Chunk(frames, len(frames), pcm, spans, now, self._pushed, submitted_at)
@@ -347,9 +371,15 @@ class Playout:
             self._skip(chunk)
             chunk.blank()
             self._n["cleared"] += 1
+        cut = 0.0
+        if onset and chunk.speech:
+            chunk.onset = True
+            self._n["onsets"] += 1
+            cut = self._cut_ahead(now)
         self._queue.append(chunk)
         if len(self._queue) > c.max_depth:
             self._drop_idle()
+        return cut
 
     def clear(self, dropped_samples: int) -> ClearResult:
         """Interrupt: the generator dropped `dropped_samples` queued samples (the rest of what was sent
@@ -432,7 +462,8 @@ class Playout:
             started=self._t0 is not None, queued_chunks=len(self._queue),
             buffered_s=len(self._queue) * c.chunk_s + len(self._slots) / c.fps,
             late_chunks=n["late"], underruns=n["underruns"], stall_s=stall, dropped_idle_chunks=n["idle"],
-            trimmed_frames=n["trimmed"], slack_min_s=min((x for _, x in self._slack), default=None),
+            trimmed_frames=n["trimmed"], onsets=n["onsets"], cut_s=self._cut_total,
+            slack_min_s=min((x for _, x in self._slack), default=None),
             dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
             audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
             av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
@@ -496,6 +527,10 @@ class Playout:
                 self._n["late"] += 1
             self._stalled = False
             self._trim_idle(chunk, 0.0 if late else now - chunk.arrived, now)
+            if not chunk.speech and (fit := self._fs(self._vc + chunk.count) - self._w) > 0 and fit != chunk.pcm.size:
+                # an idle chunk ends on the timeline's frame grid (its audio is silence: a sample more or less is
+                # nothing), so the sample or two that cuts and drops leave behind never add up
+                chunk.pcm = np.resize(chunk.pcm, fit) if fit > chunk.pcm.size else chunk.pcm[:fit]
             n, f = chunk.pcm.size, chunk.count
             for i in range(f):
                 lo, hi = i * n // f, (i + 1) * n // f
@@ -521,8 +556,8 @@ class Playout:
     def _shrink(self, now: float) -> None:
         """Chunks queued at every commit for `shrink_after_s`: the buffer is a chunk deeper than the target
         (e.g. playout was anchored on a slow first chunk); shed one idle chunk, never speech."""
-        if len(self._queue) < max(1, math.ceil(self.cfg.target_depth)):
-            self._deep_since = None
+        if len(self._queue) < max(1, math.ceil(self.cfg.target_depth)) or any(q.speech for q in self._queue):
+            self._deep_since = None  # (speech queued: the generator runs ahead while it has the audio)
         elif self._deep_since is None:
             self._deep_since = now
         elif (now - self._deep_since >= self.cfg.shrink_after_s and self._spare(now, self.cfg.chunk_s)
@@ -551,7 +586,8 @@ class Playout:
             return
         if self._slack_from is None:
             self._slack_from = now
-        self._slack.append((now, slack))
+        if not chunk.onset:  # an onset's slack is onset_slack_s by design: it says nothing of the jitter
+            self._slack.append((now, slack))
         while self._slack and self._slack[0][0] < now - c.slack_window_s:
             self._slack.popleft()
         if chunk.speech or chunk.frames is None or chunk.count < 2 or not self._spare(now, 1.0 / c.fps):
@@ -561,6 +597,57 @@ class Playout:
         chunk.frames, chunk.count, chunk.pcm = chunk.frames[:f - 1], f - 1, chunk.pcm[:keep]
         self._take_slack(1.0 / c.fps)
         self._n["trimmed"] += 1
+
+    def _cut_ahead(self, now: float) -> float:
+        """Cut idle content ahead of an onset chunk about to be queued (see the module docstring): queued idle
+        chunks, then committed idle frames whose audio is not handed out yet, whole frames from the latest back,
+        until it would start `onset_slack_s` after `now`. Nothing is cut past speech, while stalled, or before
+        playout started. Returns the seconds cut."""
+        c = self.cfg
+        if self._t0 is None or self._stalled:
+            return 0.0
+        if any(q.speech or q.frames is None for q in self._queue) or any(s.plays for s in self._slots):
+            return 0.0  # speech (or an interruption's blanked chunk) still ahead: not an onset after all
+        ahead = self._vc + sum(q.count for q in self._queue)  # the onset chunk's first frame slot now
+        # frames we may cut: its audio (due audio_lead_s before its first frame) stays onset_slack_s ahead of now,
+        # and more when chunks lately took longer than a chunk to make (the next one is made after this one)
+        slow = max((x for _, x in self._made), default=0.0) - c.chunk_s
+        slack = c.onset_slack_s + max(0.0, slow)
+        budget = math.floor((self._video_due(ahead) - c.audio_lead_s - now - slack) * c.fps + 1e-9)
+        cut = 0
+        while budget > 0 and self._queue:  # queued idle chunks, the latest first
+            last = self._queue[-1]
+            take = min(budget, last.count)
+            if take == last.count:
+                self._queue.pop()
+                self._n["idle"] += 1
+            else:
+                keep = last.count - take
+                last.frames, last.count = last.frames[:keep], keep  # type: ignore[index]  # idle: frames set
+                last.pcm = last.pcm[: last.pcm.size * keep // (keep + take)]
+            cut += take
+            budget -= take
+        # committed idle frames whose audio is still ours: slots at the tail that start at or after `_a`
+        drop = 0
+        while drop < min(budget, len(self._slots)) and self._slots[-1 - drop].first_sample >= self._a:
+            slot = self._slots[-1 - drop]
+            if slot.frame is None:  # a held frame (a stall's): keep the timeline as it is
+                break
+            drop += 1
+        if drop:
+            first = self._slots[-drop]
+            for _ in range(drop):
+                self._slots.pop()
+            self._vc, self._w = first.index, first.first_sample
+            keep_samples = self._w - self._a
+            buf = np.concatenate(list(self._audio)) if self._audio else np.zeros(0, np.float32)
+            self._audio = deque([buf[:keep_samples]]) if keep_samples > 0 else deque()
+            cut += drop
+        if cut:
+            self._deep_since = None
+        seconds = cut / c.fps
+        self._cut_total += seconds
+        return seconds
 
     def _drop_idle(self) -> bool:
         """Drop the oldest queued chunk without speech (latency recovery); False if every one has speech."""

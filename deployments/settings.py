@@ -270,6 +270,15 @@ class ServiceConfig(BaseModel):
         "time while every chunk of the last 6 s was queued this long plus a frame ahead of its play time, so the "
         "buffer settles just above the lateness seen instead of at the start-up depth and speech starts that "
         "much sooner (characters.pacing, min_slack_s). None: off.")
+    run_ahead_chunks: float = Field(
+        default=2.0, ge=0, le=8, description="A chunk whose audio window is all queued is generated as soon as it "
+        "is, up to this many chunk durations before its boundary, instead of waiting for it: speech (a TTS sends it "
+        "faster than real time) waits for no boundary. 0: every chunk waits for its boundary.")
+    onset_slack_ms: float | None = Field(
+        default=20.0, ge=0, le=1000, description="LiveKit outputs: the first chunk of speech after idle chunks (when "
+        "the next window is queued too) plays as soon as it is generated, this long after it reached the room: the "
+        "idle frames ahead of it are cut and the chunk clock moves as much earlier (characters.pacing, speech "
+        "onsets). None: off (speech waits behind the jitter buffer like any chunk).")
     pacing: Literal["realtime", "unpaced"] = Field(
         default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
         "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")

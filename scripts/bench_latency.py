@@ -419,11 +419,13 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
             "agent_to_room_s": shown_at - latency - t_first,
             "boundary_s": float(st["boundary_ms"]) / 1e3,
             "compute_s": compute,
+            "dit_s": float(ch.get("dit_ms", 0)) / 1e3, "decode_s": float(ch.get("decode_ms", 0)) / 1e3,
             "in_flight_s": in_transit - compute,
             "buffer_s": float(st["buffer_ms"]) / 1e3,
             "network_s": None if heard is None else heard - shown_at,
             "video_minus_audio_s": lag,
             "chunk": int(st["chunk"]),
+            "onset_cut_s": float(ch.get("cut_ms", 0)) / 1e3,  # idle content the room cut ahead of it (0: no onset)
         })
     stats = info["stats"]
 
@@ -443,6 +445,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "video_share_s": VIDEO_SHARE_S, "duration_s": run_s, "cores_used": cpu_use,
         "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth, "graph": args.graph,
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
+        "run_ahead_chunks": args.run_ahead, "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
     }
 
 
@@ -489,7 +492,9 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     service_args = {"warm_slots": 1, "pipeline_depth": args.depth, "jitter_buffer_chunks": args.jitter_buffer,
-                    "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms}
+                    "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
+                    "run_ahead_chunks": args.run_ahead,
+                    "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms}
     if args.graph:
         service_args["graph"] = args.graph
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
@@ -535,6 +540,12 @@ def main() -> None:
     ap.add_argument("--jitter-buffer", type=float, default=1.0, help="ray: the output's jitter buffer, chunks")
     ap.add_argument("--min-slack-ms", type=float, default=30.0,
                     help="ray: idle chunks trimmed down to this slack (ServiceConfig.jitter_min_slack_ms); < 0: off")
+    ap.add_argument("--run-ahead", type=float, default=2.0,
+                    help="ray: a chunk whose audio is queued goes up to this many chunks early "
+                         "(ServiceConfig.run_ahead_chunks); 0: every chunk waits for its boundary")
+    ap.add_argument("--onset-slack-ms", type=float, default=20.0,
+                    help="ray: a speech onset plays this long after it reaches the room, idle frames ahead of it cut "
+                         "(ServiceConfig.onset_slack_ms); < 0: off")
     ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,
                     help="ray: how the chunk flows between the workers (ServiceConfig.graph; default: the service's)")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")

@@ -9,7 +9,10 @@ Agent audio path: each `lk.audio_stream` byte stream is one speech segment; segm
 time, in arrival order. Their PCM is decoded to 16 kHz mono 16-bit (`AgentAudioDecoder`) and handed to
 `handler.push_audio(pcm16, 16000, 1)`; the playout's ledger records it (`Playout.speech_sent`), so
 that the frames generated from it start and finish the segment (`lk.playback_started`,
-`lk.playback_finished`). A stream whose trailer was lost ends when idle for `STREAM_IDLE_TIMEOUT_S`,
+`lk.playback_finished`). One push is in flight at a time: what arrives meanwhile goes in the next one, so
+an agent's burst (a TTS sends faster than real time, a byte-stream chunk per 10-20 ms frame) costs the
+session a few calls instead of one per frame, on cores the chunk being made needs. A stream whose
+trailer was lost ends when idle for `STREAM_IDLE_TIMEOUT_S`,
 or for `SUPERSEDED_GRACE_S` once the next stream has begun.
 
 Interruption: RPC `lk.clear_buffer` from the agent -> the rest of the current stream is discarded,
@@ -132,7 +135,9 @@ class LiveKitRoom:
         self._started_unsupported = False
         self._seen_remote = False
         self._timer: asyncio.TimerHandle | None = None
-        self._n = {"segments": 0, "samples": 0, "clears": 0}
+        self._n = {"segments": 0, "samples": 0, "clears": 0, "pushes": 0}
+        self._outbox: list[tuple[str, bytes | None]] = []  # speech (or a segment's end, None) not yet handed over
+        self._pushing = False  # a push_audio call is in flight
         self.snapshot: RoomStats | None = None  # refreshed every SNAPSHOT_INTERVAL_S: read it from any thread
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -186,11 +191,13 @@ class LiveKitRoom:
             room.unregister_byte_stream_handler(AUDIO_STREAM_TOPIC)
 
     def push_chunk(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-                   submitted_at: float | None = None) -> None:
+                   submitted_at: float | None = None, onset: bool = False) -> float:
         """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them;
-        `submitted_at`: when the generator took that audio (the room's clock), for `SegmentEvent.split`."""
+        `submitted_at`: when the generator took that audio (the room's clock), for `SegmentEvent.split`; `onset`:
+        a speech onset, played at once (`Playout.push`). Returns the seconds of idle content cut ahead of it."""
         if self.publisher is not None and not self.ended.is_set():
-            self.publisher.push(frames, pcm, speech_samples, submitted_at)
+            return self.publisher.push(frames, pcm, speech_samples, submitted_at, onset)
+        return 0.0
 
     async def _refresh_snapshot(self) -> None:
         while True:
@@ -294,9 +301,8 @@ class LiveKitRoom:
             if decoder is not None and segment not in self._cleared:
                 self._send_speech(segment, decoder.flush())
             self._current = None
-            for event in playout.speech_ended(segment):
-                self._on_segment_event(event)
-            self.publisher.wake()
+            self._outbox.append((segment, None))  # ends after its last samples are handed over
+            self._flush_speech()
 
     async def _iter_stream(self, reader: rtc.ByteStreamReader, segment: str) -> AsyncIterator[bytes]:
         """The stream's chunks until it closes, is interrupted, or its trailer is lost: idle for
@@ -330,13 +336,47 @@ class LiveKitRoom:
                 nxt.cancel()
 
     def _send_speech(self, segment: str, pcm16: bytes) -> None:
-        if not pcm16:
+        if pcm16:
+            self._outbox.append((segment, pcm16))
+            self._flush_speech()
+
+    def _flush_speech(self) -> None:
+        """Hand everything in the outbox to the session in one push (unless one is in flight: then when it
+        returns), and record it in the playout's ledger in order, segment ends after their samples."""
+        if self._pushing or not self._outbox:
             return
         assert self.publisher is not None
-        if self.handler is not None:
-            self._call(self.handler.push_audio, pcm16, SAMPLE_RATE, 1)
-        self.publisher.playout.speech_sent(segment, len(pcm16) // 2)
-        self._n["samples"] += len(pcm16) // 2
+        items, self._outbox = self._outbox, []
+        pcm16 = b"".join(p for _, p in items if p)
+        if pcm16 and self.handler is not None:
+            self._n["pushes"] += 1
+            try:
+                result = self.handler.push_audio(pcm16, SAMPLE_RATE, 1)
+            except Exception as e:  # noqa: BLE001 (a failing handler must not stop the room)
+                log.warning("handler push_audio failed: %s: %s", type(e).__name__, e)
+                result = None
+            if inspect.isawaitable(result):
+                self._pushing = True
+                self._spawn(self._pushed(result), "livekit-push-audio", pending=True)
+        playout = self.publisher.playout
+        for segment, pcm in items:
+            if pcm is not None:
+                playout.speech_sent(segment, len(pcm) // 2)
+                self._n["samples"] += len(pcm) // 2
+            else:
+                for event in playout.speech_ended(segment):
+                    self._on_segment_event(event)
+        self.publisher.wake()
+
+    async def _pushed(self, result: Awaitable[object]) -> None:
+        try:
+            await result
+        except Exception as e:  # noqa: BLE001
+            log.warning("handler push_audio failed: %s: %s", type(e).__name__, e)
+        finally:
+            self._pushing = False
+            if self.publisher is not None:
+                self._flush_speech()
 
     async def _on_clear_buffer(self, data: rtc.RpcInvocationData) -> str:
         if not self._is_agent(data.caller_identity):
@@ -346,6 +386,7 @@ class LiveKitRoom:
         if self._current is not None:
             self._cleared.add(self._current)
             self._superseded.set()  # wake the reader: it stops reading the interrupted stream
+        self._outbox = [(segment, None) for segment, pcm in self._outbox if pcm is None]  # never handed over
         queued = 0  # streams sent before the clear and not yet read: interrupted before they started
         while not self._streams.empty():
             self._streams.get_nowait()

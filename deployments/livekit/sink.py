@@ -46,6 +46,7 @@ from deployments.livekit.room import AgentAudioHandler, LiveKitRoom, RoomError, 
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ONSET_WAIT_S = 0.2  # an onset write waits this long for the room's loop to say what it cut
 
 
 class LiveKitSink:
@@ -84,10 +85,12 @@ class LiveKitSink:
             raise
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None) -> None:
-        """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout (copied); never
-        blocks. `speech_samples`: how many leading samples are agent speech (inferred when None);
-        `submitted_at`: when the chunk loop took that audio (monotonic, this node), for segment starts."""
+              submitted_at: float | None = None, onset: bool = False) -> float:
+        """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout (copied).
+        `speech_samples`: how many leading samples are agent speech (inferred when None); `submitted_at`: when
+        the chunk loop took that audio (monotonic, this node), for segment starts. Never blocks, but for an
+        `onset` (`Playout.push`): that one waits for the room's loop to queue it (at most `ONSET_WAIT_S`) and
+        returns the seconds of idle content cut ahead of it, which the chunk loop must follow."""
         h, w = self.media.height, self.media.width
         if frames.ndim != 4 or frames.shape[1:] != (h, w, 3) or frames.dtype != np.uint8 or pcm.ndim != 1 \
                 or pcm.dtype != np.float32:
@@ -96,9 +99,29 @@ class LiveKitSink:
         loop, room = self._loop, self.room
         if loop is None or room is None or self._closed or loop.is_closed():
             self.dropped_writes += 1
-            return
+            return 0.0
         # copies (~0.6 MB per tiny chunk): a compiled graph's channel may reuse the buffers the arrays view
-        loop.call_soon_threadsafe(self._push, room, np.array(frames), np.array(pcm), speech_samples, submitted_at)
+        args = (room, np.array(frames), np.array(pcm), speech_samples, submitted_at, onset)
+        if not onset:
+            loop.call_soon_threadsafe(self._push, *args)
+            return 0.0
+        done: Future[float] = Future()
+
+        def push() -> None:
+            if done.set_running_or_notify_cancel():
+                done.set_result(self._push(*args))
+            else:  # the writer stopped waiting: it will not follow a cut, so there must be none
+                self._push(*args[:-1], False)
+
+        loop.call_soon_threadsafe(push)
+        try:
+            return done.result(ONSET_WAIT_S)
+        except FutureTimeout:
+            if not done.cancel():  # it is being pushed right now: its answer comes at once
+                return done.result()
+            log.warning("room %r: an onset chunk waited over %g s for the room's loop; played as a plain chunk",
+                        self.output.room_name, ONSET_WAIT_S)
+            return 0.0
 
     @property
     def ended(self) -> bool:
@@ -166,12 +189,13 @@ class LiveKitSink:
             raise
 
     def _push(self, room: LiveKitRoom, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None,
-              submitted_at: float | None) -> None:
+              submitted_at: float | None, onset: bool) -> float:
         try:
-            room.push_chunk(frames, pcm, speech_samples, submitted_at)
+            return room.push_chunk(frames, pcm, speech_samples, submitted_at, onset)
         except ValueError as e:
             self.dropped_writes += 1
             log.error("chunk refused by the playout: %s", e)
+            return 0.0
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         assert self._loop is not None

@@ -239,28 +239,56 @@ def run_chunk_loop(
     stop_reason: Callable[[], str | None],
     on_report: Callable[[ChunkReport, float], None],
     first_chunk: int = 0,
+    ready: Callable[[int], int] | None = None,
+    lead_chunks: float = 0.0,
+    onsets: bool = True,
 ) -> LoopResult:
-    """Submit chunk k at t0 + (k - first_chunk) * chunk_s (against `clock`), keep `depth` chunks in
-    flight, hand each report and its submit time to `on_report`. Stops on `stop_reason()`, at
-    `max_duration_s`, or at the first failure; chunks already in flight are still fetched on a stop.
-    `first_chunk` > 0: the workers were primed with chunks before it (a recovered session)."""
-    t0 = clock()
+    """Submit chunk k at its boundary t0 + (k - first_chunk) * chunk_s (against `clock`), keep `depth` chunks in
+    flight, hand each report and its submit time to `on_report`. Stops on `stop_reason()`, at `max_duration_s`,
+    or at the first failure; chunks already in flight are still fetched on a stop. `first_chunk` > 0: the
+    workers were primed with chunks before it (a recovered session).
+
+    Early chunks (`ready`: how many whole chunk windows, from chunk k on, the queued audio fills; 0, 1 or 2):
+    a chunk whose window is full goes as soon as it is, up to `lead_chunks` chunk durations before its
+    boundary, instead of waiting for it (`wait` must return early when audio arrives). The first chunk with
+    speech after chunks without is an *onset* when the next window is full too (the agent sent its speech
+    faster than real time, so the chunk after it can follow at once): the room then plays it as soon as it
+    arrives, cutting idle content ahead of it, and its report says how much (`ChunkReport.cut_s`); the
+    boundaries move that much earlier, so the chunks after it keep the slack they had. Nothing is submitted
+    behind an onset until it is out: on a few cores the next chunk's DiT would slow its decode. So speech waits neither
+    for the next boundary nor behind the jitter buffer (`characters.pacing`, speech onsets). `onsets=False`: none
+    is marked."""
+    started = t0 = clock()
     k = first_chunk
     inflight: deque[float] = deque()  # submit times
     reason: str | None = None
+    spoke = False  # the last chunk submitted held speech
+    lead_s = lead_chunks * chunk_s
     try:
         while True:
-            reason = stop_reason() or ("max_duration" if clock() - t0 >= max_duration_s else None)
+            due = t0 + (k - first_chunk) * chunk_s
+            full = 0
+            while (reason := stop_reason()) is None:
+                now = clock()
+                full = ready(k) if ready is not None else 0  # (before the wait: a push after it wakes the wait)
+                if now >= due or (full and now >= due - lead_s):
+                    break  # its boundary, or its window is full: no need to wait for the boundary
+                wait((due - lead_s if full else due) - now)
+            reason = reason or ("max_duration" if clock() - started >= max_duration_s else None)
             if reason is not None:
                 break
+            pcm = audio(k)
+            speech = bool(pcm.any())  # speech is never exactly 0.0 (the room nudges zeros), padding always is
+            onset = onsets and speech and not spoke and full >= 2
+            spoke = speech
             submitted = clock()  # before submit: the workers may start on it before submit returns
-            pipeline.submit(ChunkInput(session_id, k, audio(k), submitted))
+            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset))
             inflight.append(submitted)
             k += 1
-            if len(inflight) >= depth:
-                report = pipeline.fetch(fetch_timeout_s)
+            while len(inflight) >= (1 if onset else depth):  # an onset goes alone: nothing behind it competes
+                report = pipeline.fetch(fetch_timeout_s)     # for the cores until it is out
+                t0 -= report.cut_s  # the room cut idle content ahead of an onset: the boundaries follow
                 on_report(report, inflight.popleft())
-            wait(t0 + (k - first_chunk) * chunk_s - clock())
         while inflight:
             report = pipeline.fetch(fetch_timeout_s)
             on_report(report, inflight.popleft())

@@ -30,7 +30,9 @@ class MediaSink(Protocol):
     """Where a session's frames and audio go; the seam where a LiveKit publisher plugs in later."""
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None) -> None: ...  # (F, H, W, 3) uint8, (n,) float32
+              submitted_at: float | None = None, onset: bool = False) -> float: ...
+    # (F, H, W, 3) uint8, (n,) float32; returns the seconds of idle content cut ahead of an onset (a sink with a
+    # playout timeline, `LiveKitSink`; 0.0 for the others)
 
     def close(self) -> None: ...
 
@@ -42,8 +44,9 @@ class NullSink:
         self.frames = 0
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None) -> None:
+              submitted_at: float | None = None, onset: bool = False) -> float:
         self.frames += len(frames)
+        return 0.0
 
     def close(self) -> None:
         pass
@@ -57,9 +60,10 @@ class Mp4Sink:
         self.writer = Mp4Writer(path, width, height, fps=fps, sample_rate=sample_rate)
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None) -> None:
+              submitted_at: float | None = None, onset: bool = False) -> float:
         self.writer.write_frames(frames)
         self.writer.write_audio(pcm)
+        return 0.0
 
     def close(self) -> None:
         self.writer.close()
@@ -135,13 +139,15 @@ class RoomWorker:
     """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
 
     def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
-                 buffer_chunks: float = 1.0, min_slack_ms: float | None = None) -> None:
+                 buffer_chunks: float = 1.0, min_slack_ms: float | None = None,
+                 onset_slack_ms: float | None = 20.0) -> None:
         self.cfg, self.clock = cfg, clock
         telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
         self.buffer_chunks, self.buffer_s = buffer_chunks, buffer_chunks * self.chunk_s
         self.min_slack_s = None if min_slack_ms is None else min_slack_ms / 1e3
+        self.onset_slack_s = None if onset_slack_ms is None else onset_slack_ms / 1e3  # None: onsets are plain chunks
         self._late_seen, self._stall_seen = 0, 0.0  # the LiveKit playout's late chunks and stall, as reported
         self.sink: MediaSink | None = None
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
@@ -161,6 +167,7 @@ class RoomWorker:
         elif output.kind == "livekit":
             from characters.pacing import PacingConfig
             from deployments.livekit.config import MediaFormat
+            from deployments.livekit.publisher import AUDIO_FRAME_MS
             from deployments.livekit.sink import LiveKitSink
 
             if not isinstance(output, LiveKitOutput):
@@ -170,7 +177,9 @@ class RoomWorker:
                                max_duration_s=None if max_duration_s is None else max_duration_s + 5,
                                pacing=PacingConfig(fps=g.fps, frames_per_chunk=g.frames_per_chunk,
                                                    sample_rate=m.audio.sample_rate, target_depth=self.buffer_chunks,
-                                                   min_slack_s=self.min_slack_s),
+                                                   audio_frame_ms=AUDIO_FRAME_MS,
+                                                   min_slack_s=self.min_slack_s,
+                                                   onset_slack_s=self.onset_slack_s or 0.0),
                                on_playback=self._playback.append)  # deque.append: safe from another thread
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink
@@ -191,7 +200,8 @@ class RoomWorker:
         t0 = time.time_ns()
         now = self.clock()
         late, lateness = self.meter.on_chunk(now)
-        self.sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at)
+        onset = inp.onset and self.onset_slack_s is not None
+        cut_s = self.sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at, onset=onset)
         digest = frames_digest(frames.frames)
         stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
         buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
@@ -208,7 +218,7 @@ class RoomWorker:
         while self._playback:
             playback.append(self._playback.popleft())
         return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
-                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback))
+                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback), cut_s)
 
     def close(self) -> None:
         """Finish the output (the MP4 trailer). Idempotent."""

@@ -49,6 +49,7 @@ class ChunkInput:
     chunk: int
     pcm: np.ndarray  # (n,) float32 mono 16 kHz, n = len(chunk_sample_range(chunk))
     submitted_at: float | None = None  # when the chunk loop took this audio (time.monotonic: the slot's node)
+    onset: bool = False  # the first speech after idle chunks: the room plays it at once (`run_chunk_loop`)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class ChunkReport:
     presented_fps: float = 0.0  # frames the output presented per second, held repeats of late chunks included
     #                              (a LiveKit room's playout; 0: not measured); delivered_fps counts new frames only
     playback: tuple[SegmentEvent, ...] = ()  # speech segments that started or finished since the last report
+    cut_s: float = 0.0  # an onset chunk: idle content the room cut ahead of it (the chunk clock moves as much)
 
 
 class SessionMismatch(RuntimeError):

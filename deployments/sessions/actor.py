@@ -132,7 +132,9 @@ class SessionActor:
                                     on_chunk=self._on_chunk if self.trace is not None else None,
                                     history=History(self.cfg.model.generation.ring_slots) if spec.recover else None,
                                     resume=resume,
-                                    paced=keeps_real_time(self.service.pacing, spec.output.kind))
+                                    paced=keeps_real_time(self.service.pacing, spec.output.kind),
+                                    lead_chunks=self.service.run_ahead_chunks,
+                                    onsets=self.service.onset_slack_ms is not None)
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         self._task = asyncio.get_running_loop().create_task(self._run(self.runner))

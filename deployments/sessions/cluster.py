@@ -31,6 +31,12 @@ from deployments.types import NAMESPACE
 # Ray binds GCS and raylet to the machine's outward interface even when asked for 127.0.0.1; this
 # keeps a local cluster on loopback (see NOTES.md).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray starts every worker process at nice 15 (its `worker_niceness`), so the DiT, decoder and room workers of a
+# session yield the CPU to anything else on the host at nice 0 (the LiveKit server, a voice agent, a viewer): on
+# the embedded default's two cores, the agent's burst at each speech onset starved the chunk that carries it
+# (measured: scripts/bench_latency.py, README). The chunk path is real-time work: its workers start at nice 0.
+# A value set in the environment wins.
+WORKER_ENV = {"RAY_worker_niceness": "0"}
 log = logging.getLogger(__name__)
 
 
@@ -43,6 +49,8 @@ def init_local(*, num_cpus: int | None = None, num_gpus: int = 0, dashboard: boo
     cleaned up (its processes killed, with their state logged) and retried, `attempts` times in all.
     """
     os.environ.update(LOOPBACK_ENV)
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
     for attempt in range(1, attempts + 1):
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
@@ -167,8 +175,8 @@ class LoopbackCluster:
         # this process's token (`_set_auth_mode`). Autoscaler v2, as our RayService runs it
         # (`autoscalerOptions.version: v2`): demand published with `request_resources` is kept in the GCS
         # as a cluster resource constraint, where KubeRay's autoscaler reads it.
-        self.env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-                    **({"RAY_enable_autoscaler_v2": "1"} if autoscaler_v2 else {})}
+        self.env = {**WORKER_ENV, **os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_AUTH_MODE": "token", **({"RAY_enable_autoscaler_v2": "1"} if autoscaler_v2 else {})}
         self.head: LoopbackNode | None = None
         self.nodes: list[LoopbackNode] = []
         self.address = ""

@@ -13,7 +13,9 @@ then removed; a session created with `recover` instead goes back to STARTING (de
 
 Audio: agent PCM is converted to float32 mono 16 kHz on arrival and queued; chunk k takes exactly
 the samples of `chunk_sample_range(k)` from the queue, padded with silence when the queue runs dry
-(the character idles; generation never stops). `clear_audio` drops the queue (interruption).
+(the character idles; generation never stops). `clear_audio` drops the queue (interruption). Chunk k
+is taken at its boundary, or earlier, as soon as the queue fills its window (`run_chunk_loop`'s early
+chunks and speech onsets: the loop waits on the queue, which wakes it on every push).
 
 Stats: `step_ms_p50/p95` are chunk latencies, submit -> published by the room (DiT step, handoff,
 decode, publish; pipelined, so up to `pipeline_depth` chunks overlap); `fps` is the room's playout
@@ -55,12 +57,18 @@ log = logging.getLogger(__name__)
 class AudioBuffer:
     """Queued agent audio (float32 mono 16 kHz), taken chunk by chunk with exact sample counts. Thread-safe."""
 
-    def __init__(self, frames_per_chunk: int, sample_rate: int = 16000, fps: int = 24, max_s: float = 120.0) -> None:
-        self.frames_per_chunk, self.sample_rate, self.fps = frames_per_chunk, sample_rate, fps
+    FAST = 2.0  # audio arriving at least this many times faster than real time is a burst (a TTS's)
+
+    def __init__(self, frames_per_chunk: int, sample_rate: int = 16000, fps: int = 24, max_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.frames_per_chunk, self.sample_rate, self.fps, self.clock = frames_per_chunk, sample_rate, fps, clock
+        self._since: float | None = None  # when the queue last went from empty to not (the audio's arrival began)
+        self._arrived = 0  # samples pushed since then
         self.max_samples = int(max_s * sample_rate)
         self._parts: deque[np.ndarray] = deque()
         self._queued = 0
         self._lock = threading.Lock()
+        self.pushed = threading.Event()  # set by every push; cleared by `windows_ready` (the chunk loop waits on it)
 
     @property
     def queued_s(self) -> float:
@@ -76,8 +84,28 @@ class AudioBuffer:
                     f"audio queue would hold {(self._queued + pcm.size) / self.sample_rate:.1f} s, above the limit "
                     f"of {self.max_samples / self.sample_rate:.0f} s; send audio at most as fast as real time"
                 )
+            if self._queued == 0:
+                self._since, self._arrived = self.clock(), 0
             self._parts.append(pcm)
             self._queued += pcm.size
+            self._arrived += pcm.size
+        self.pushed.set()
+
+    def windows_ready(self, k: int) -> int:
+        """Is chunk k's window full? 0: no; 1: yes; 2: yes, and the next one is full too or follows at once (the
+        audio arrives at least `FAST` times faster than real time). Clears `pushed` first, so a push after this
+        call wakes whoever waits on it."""
+        self.pushed.clear()
+        with self._lock:
+            queued, since, arrived = self._queued, self._since, self._arrived
+        n0, n1 = (end - start for start, end in (
+            chunk_sample_range(j, self.frames_per_chunk, self.sample_rate, self.fps) for j in (k, k + 1)))
+        if queued < n0:
+            return 0
+        if queued >= n0 + n1:
+            return 2
+        elapsed = self.clock() - since if since is not None else 0.0
+        return 2 if arrived >= self.FAST * elapsed * self.sample_rate else 1
 
     def drain(self) -> np.ndarray:
         """Take everything queued, as one (n,) float32 array (a recovering session carries it over)."""
@@ -91,6 +119,7 @@ class AudioBuffer:
         with self._lock:
             dropped, self._queued = self._queued, 0
             self._parts.clear()
+            self._since = None
             return dropped
 
     def take(self, k: int) -> np.ndarray:
@@ -201,11 +230,14 @@ class SessionRunner:
                  fetch_timeout_s: float, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None,
                  on_chunk: Callable[[ChunkReport, float], None] | None = None,
-                 history: History | None = None, resume: Resume | None = None, paced: bool = True) -> None:
+                 history: History | None = None, resume: Resume | None = None, paced: bool = True,
+                 lead_chunks: float = 2.0, onsets: bool = True) -> None:
         g = cfg.model.generation
         self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
         self.paced = paced  # False: chunks back to back (ServiceConfig.pacing "unpaced")
+        self.lead_chunks = lead_chunks  # a chunk whose audio is all queued may go this early (run_chunk_loop)
+        self.onsets = onsets  # mark speech onsets (the room plays them at once)
         self.clock, self.wall = clock, wall
         self.audio = audio or AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
         self.stats = SessionStats()
@@ -235,6 +267,7 @@ class SessionRunner:
         with self._lock:
             self._stop_reason = self._stop_reason or reason
         self._stopped.set()
+        self.audio.pushed.set()  # the loop may be waiting for audio
 
     @property
     def stop_reason(self) -> str | None:
@@ -282,7 +315,9 @@ class SessionRunner:
                 pipeline, session_id=self.session_id, audio=self._take, first_chunk=self.first_chunk,
                 chunk_s=self.chunk_s if self.paced else 0.0, depth=self.depth,
                 max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
-                wait=self._stopped.wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report)
+                wait=self._wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report,
+                ready=self.audio.windows_ready if self.paced else None, lead_chunks=self.lead_chunks,
+                onsets=self.onsets)
             self.loop_ended_at = self.clock()
             if result.failure is not None:
                 return self.finish(SessionStatus.FAILED, str(result.failure))
@@ -290,6 +325,11 @@ class SessionRunner:
         finally:
             clean = pipeline.close()
         return outcome if clean else replace(outcome, healthy=False)
+
+    def _wait(self, timeout_s: float) -> None:
+        """Until `timeout_s` passed, audio was pushed, or the session was stopped."""
+        if timeout_s > 0 and not self._stopped.is_set():
+            self.audio.pushed.wait(timeout_s)
 
     def _take(self, k: int) -> np.ndarray:
         pcm = self.audio.take(k)
@@ -313,7 +353,8 @@ class SessionRunner:
             s.buffer_ms, s.av_offset_ms = report.buffer_s * 1e3, report.av_offset_s * 1e3
             self._stages.add(report.stages, report.chunk)
             s.stage_ms = self._stages.p50()
-            detail = f"digest={report.digest} late={int(report.late)}" + "".join(
+            detail = f"digest={report.digest} late={int(report.late)}" + (
+                f" cut_ms={report.cut_s * 1e3:.1f}" if report.cut_s else "") + "".join(
                 f" {t.stage}_ms={t.duration_ns / 1e6:.1f}" for t in report.stages
                 if t.chunk == report.chunk and t.source == "host" and t.stage in ("dit", "decode"))
             self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,

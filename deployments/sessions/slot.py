@@ -131,7 +131,8 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
             name=worker_name(slot_id, "room"), namespace=NAMESPACE, lifetime="detached",
             scheduling_strategy=slot.strategy(b),
             num_cpus=cfg.topology.room_cpus / 2).remote(cfg, buffer_chunks=service.jitter_buffer_chunks,
-                                                      min_slack_ms=service.jitter_min_slack_ms)
+                                                      min_slack_ms=service.jitter_min_slack_ms,
+                                                      onset_slack_ms=service.onset_slack_ms)
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
         slot.device = devices[0]

@@ -43,6 +43,7 @@ class FakePipeline:
         self.pending: deque[tuple[ChunkInput, float]] = deque()
         self.fetch_times: list[float] = []
         self.closed = False
+        self.cut_s = 0.0
 
     def submit(self, inp: ChunkInput) -> None:
         self.submitted.append(inp)
@@ -56,7 +57,8 @@ class FakePipeline:
         self.clock.now = max(self.clock.now, published)  # a fetch blocks until the chunk is out
         self.fetch_times.append(self.clock.now)
         late = published > 0.05 + inp.chunk * CHUNK_S + 1e-9
-        return ChunkReport(inp.session_id, inp.chunk, 4, late, 0.0, 24.0, f"d{inp.chunk}", published)
+        cut = self.cut_s if inp.onset else 0.0  # a room that cut this much idle content ahead of an onset
+        return ChunkReport(inp.session_id, inp.chunk, 4, late, 0.0, 24.0, f"d{inp.chunk}", published, cut_s=cut)
 
     def close(self) -> bool:
         self.closed = True
@@ -126,11 +128,96 @@ def test_loop_reports_the_first_failure() -> None:
     assert reason == "actor_died" and reports == [0, 1, 2]
 
 
+class AgentClock(VirtualClock):
+    """Virtual time that pushes agent audio into `buffer` at given times; a sleep ends early at a push (as the
+    runner's wait does: the audio queue wakes it)."""
+
+    def __init__(self, buffer: AudioBuffer, pushes: list[tuple[float, int]]) -> None:
+        super().__init__()
+        self.buffer, self.pushes = buffer, sorted(pushes)  # (time, samples of speech)
+
+    def sleep(self, seconds: float) -> bool:
+        target = self.now + max(0.0, seconds)
+        if self.pushes and self.pushes[0][0] <= target:
+            at, n = self.pushes.pop(0)
+            self.now = max(self.now, at)
+            self.buffer.push(np.full(n, 0.1, np.float32))
+            return True
+        self.now = target
+        return False
+
+
+def agent_loop(pushes: list[tuple[float, int]], cut_s: float = 0.0, max_s: float = 2.5,
+               lead_chunks: float = 2.0) -> FakePipeline:
+    now = [0.0]
+    buf = AudioBuffer(frames_per_chunk=4, clock=lambda: now[0])
+    clock = AgentClock(buf, pushes)
+    buf.clock = lambda: clock.now
+    pipe = FakePipeline(clock, latency_s=0.08)
+    pipe.cut_s = cut_s
+    run_chunk_loop(pipe, session_id="s", audio=buf.take, chunk_s=CHUNK_S, depth=2, max_duration_s=max_s,
+                   fetch_timeout_s=1.0, clock=clock, wait=clock.sleep, stop_reason=lambda: None,
+                   on_report=lambda r, t: None, ready=buf.windows_ready, lead_chunks=lead_chunks)
+    return pipe
+
+
+def starts(pipe: FakePipeline) -> list[float]:
+    return [i.submitted_at or 0.0 for i in pipe.submitted]
+
+
+def test_speech_goes_when_its_window_is_full_not_at_the_next_boundary_and_an_onset_moves_the_clock() -> None:
+    """Idle chunks on their boundaries; 0.5 s of speech pushed at once 0.05 s after boundary 3 (a TTS is faster
+    than real time): chunk 4 takes it at once, as an onset (the next window is full too), alone in the pipeline
+    until it is out; then chunk 5 and 6 follow at once (their audio is there), and once the room says it cut
+    0.125 s ahead of the onset every boundary is that much earlier."""
+    t_speech = 3 * CHUNK_S + 0.05
+    pipe = agent_loop([(t_speech, 8000)], cut_s=0.125)
+    ins = pipe.submitted
+    assert [i.chunk for i in ins[:4]] == [0, 1, 2, 3]
+    assert starts(pipe)[:4] == pytest.approx([k * CHUNK_S for k in range(4)])
+    assert not any(i.pcm.any() for i in ins[:4]) and not any(i.onset for i in ins[:4])
+    assert ins[4].submitted_at == pytest.approx(t_speech) and ins[4].onset and ins[4].pcm.all()
+    # the loop waited for chunks 3 and 4 (out at t_speech + 0.08, the report that moved the boundaries); then
+    # chunks 5 and 6, full, well before their boundaries
+    assert pipe.fetch_times[3:5] == pytest.approx([3 * CHUNK_S + 0.08, t_speech + 0.08])
+    assert ins[5].submitted_at == pytest.approx(t_speech + 0.08) and not ins[5].onset and ins[5].pcm.all()
+    assert ins[6].submitted_at == pytest.approx(t_speech + 0.08)
+    assert ins[6].pcm.all() and not ins[6].onset
+    # the speech ends within chunk 6 (8000 samples = 3 windows); the idle chunks after go on the moved boundaries
+    after = [i for i in ins if i.chunk >= 8]
+    assert after and all(i.submitted_at == pytest.approx(i.chunk * CHUNK_S - 0.125) for i in after)
+    assert sum(i.onset for i in ins) == 1
+
+
+def test_speech_at_real_time_goes_when_its_window_fills_but_is_no_onset_and_a_partial_window_waits() -> None:
+    """20 ms of speech every 20 ms from 0.34 s (a live microphone, not a TTS burst): chunk 3's window is full at
+    its boundary; the next window cannot follow at once, so it is no onset (an onset's successor must not find
+    its audio missing) and the boundaries stay where they were."""
+    pipe = agent_loop([(0.34 + 0.02 * i, 320) for i in range(40)], cut_s=0.125, max_s=1.5)
+    ins = pipe.submitted
+    assert ins[3].submitted_at == pytest.approx(3 * CHUNK_S) and ins[3].pcm.all()
+    assert not any(i.onset for i in ins)
+    assert all(i.submitted_at <= i.chunk * CHUNK_S + 1e-9 for i in ins)  # none after its boundary: none moved
+    w = 2667  # chunk 4's window (chunk_sample_range(4, 4)), all at once: a burst, so an onset
+    pipe = agent_loop([(3 * CHUNK_S + 0.05, w)], cut_s=0.125, max_s=1.5)
+    assert pipe.submitted[4].submitted_at == pytest.approx(3 * CHUNK_S + 0.05) and pipe.submitted[4].onset
+    pipe = agent_loop([(3 * CHUNK_S + 0.05, 1000)], max_s=1.5)  # less than a window: its boundary, padded
+    ins = pipe.submitted
+    assert ins[4].submitted_at == pytest.approx(4 * CHUNK_S) and ins[4].pcm[:1000].all() and not ins[4].pcm[1000:].any()
+    assert not any(i.onset for i in ins)
+
+
+def test_without_lead_nothing_goes_before_its_boundary() -> None:
+    pipe = agent_loop([(3 * CHUNK_S + 0.05, 8000)], lead_chunks=0.0, max_s=1.5)
+    assert all(i.submitted_at == pytest.approx(i.chunk * CHUNK_S) for i in pipe.submitted)
+    assert pipe.submitted[4].onset  # an onset on its boundary still plays at once (the room cuts the buffer)
+
+
 def runner(clock: VirtualClock, max_s: float = 1.0, paced: bool = True) -> SessionRunner:
     cfg = session_config("tiny", "cpu")
     r = SessionRunner("s", cfg, max_duration_s=max_s, depth=2, fetch_timeout_s=1.0, clock=clock, wall=clock,
                       paced=paced)
-    r._stopped.wait = clock.sleep  # type: ignore[method-assign]  # virtual time
+    r._wait = clock.sleep  # type: ignore[method-assign]  # virtual time
     return r
 
 

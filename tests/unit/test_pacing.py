@@ -58,6 +58,9 @@ class Run:
     out: list[tuple[float, VideoOut | AudioOut | SegmentEvent]] = field(default_factory=list)
     extra_s: float = 0.0  # the simulated sink holds this much more than what it was given
     sink_end: float = 0.0  # when the simulated sink's queued audio runs out
+    onsets: set[int] = field(default_factory=set)  # chunks pushed with onset=True
+    cuts: dict[int, float] = field(default_factory=dict)  # what those pushes returned
+    made_s: float | None = None  # each chunk was submitted this long before it arrives (None: not said)
 
     def poll(self) -> None:
         now = self.clock.t
@@ -88,7 +91,10 @@ class Run:
             self.clock.t = max(self.clock.t, t)
             if t_arr <= t_due:
                 _, k, speech = pending.pop(0)
-                self.playout.push(*chunk(k, speech))
+                made = None if self.made_s is None else self.clock.t - self.made_s
+                cut = self.playout.push(*chunk(k, speech), submitted_at=made, onset=k in self.onsets)
+                if k in self.onsets:
+                    self.cuts[k] = cut
             else:
                 self.poll()
 
@@ -622,3 +628,97 @@ def test_trimming_follows_the_jitter_it_sees_without_making_chunks_late() -> Non
     # the least slack left: above 0 (never late), below the start-up depth's (trimmed), and under the margin
     # only by jitter the window had not seen
     assert st.slack_min_s is not None and 0 < st.slack_min_s < 0.03 + 1 / FPS
+
+
+# ------------------------------------------------------------------------------------------ onsets
+
+
+def onset_run(arrive: float, speech_chunks: int = 6, made_s: float | None = None,
+              **cfg: float) -> tuple[Run, float, float]:
+    """Idle chunks 0..19 on time (a chunk of start-up depth), then speech from chunk 20, which arrives `arrive`
+    after chunk 19 did, as an onset; the generator moves its clock by the cut it is told (as
+    `run_chunk_loop` does) and the rest of the speech, then idle chunks, arrive on that clock."""
+    p, clock = make(**cfg)
+    run = Run(p, clock, onsets={20}, made_s=made_s)
+    t = clock.t
+    on_time(run, range(20), t, speech=0)
+    run.arrivals.append((t + 19 * T + arrive, 20, None))
+    run.until(t + 19 * T + arrive)
+    cut = run.cuts[20]
+    k1 = 21 + speech_chunks - 1
+    run.arrivals += [(t + k * T - cut, k, None) for k in range(21, k1)]
+    run.arrivals += [(t + k * T - cut, k, 0) for k in range(k1, k1 + 12)]
+    run.until(t + (k1 + 11) * T - cut + 0.01)  # the last chunk arrived (later, the stream's end is an underrun)
+    return run, t + 19 * T + arrive, cut
+
+
+def test_an_onset_chunk_plays_at_once_cutting_only_idle_frames_and_nothing_is_late_after() -> None:
+    run, arrived, cut = onset_run(0.05)
+    p = run.playout
+    # on time it would have started two chunks after chunk 19 arrived (the start-up depth, then chunk 19): 283 ms
+    # of idle content ahead of it, cut in whole frames down to what keeps its audio onset_slack_s (20 ms) ahead:
+    # the queued chunk 19 and one committed frame of chunk 18 whose audio was not out yet
+    assert cut == pytest.approx(5 / FPS)
+    video = run.video()
+    first = next(v for v in video if v.fresh and int(v.frame[0, 0, 0]) == (F * 20) % 251 + 1)
+    assert arrived + LEAD + 0.02 <= first.due < arrived + LEAD + 0.02 + 1 / FPS
+    st = p.stats()
+    assert (st.late_chunks, st.underruns, st.onsets) == (0, 0, 1) and st.cut_s == pytest.approx(cut)
+    audio = run.audio()
+    assert np.array_equal(audio[np.flatnonzero(audio)], stream(20, 26))  # every speech sample, once, in order
+    fresh = [int(v.frame[0, 0, 0]) for v in video if v.fresh]
+    speech = [(i % 251) + 1 for i in range(20 * F, 26 * F)]
+    i = fresh.index(speech[0])
+    assert fresh[i:i + len(speech)] == speech  # every speech frame, in order
+    assert len(fresh) + F * sum(1 for q in p._queue) + sum(1 for x in p._slots if x.frame is not None) == 38 * F - 5
+    # (the 5 frames cut were idle ones: every other frame was shown or is still to come)
+    # sync: the audio handed out runs ahead of the frames shown by the audio lead, less than a frame (the run
+    # stops mid-stream), and every frame shown met its audio within 2 samples (a chunk cuts its window at its own
+    # frame edges, which after a cut of frames not a multiple of 3 are the timeline's within a sample or two)
+    assert 0 <= audio.size - len(video) * SR / FPS <= (LEAD + 1 / FPS) * SR
+    assert st.av_offset_max_ms == pytest.approx(0.0, abs=0.13)
+
+
+def test_an_onset_cuts_committed_idle_frames_whose_audio_is_not_out() -> None:
+    """Arriving late in its boundary, most of the idle content ahead is the committed chunk's own frames."""
+    run, arrived, cut = onset_run(0.15)
+    # chunk 19 is committed (its audio was due 127 ms after it arrived) and the queue empty: of its frames, the
+    # ones whose audio is not out, as many as keep the onset's audio 20 ms ahead: its last two
+    assert cut == pytest.approx(2 / FPS)
+    first = next(v for v in run.video() if v.fresh and int(v.frame[0, 0, 0]) == (F * 20) % 251 + 1)
+    assert arrived + LEAD + 0.02 <= first.due < arrived + LEAD + 0.02 + 1 / FPS
+    st = run.playout.stats()
+    assert (st.late_chunks, st.underruns) == (0, 0)
+    audio = run.audio()
+    assert np.array_equal(audio[np.flatnonzero(audio)], stream(20, 26))
+    assert 0 <= audio.size - len(run.video()) * SR / FPS <= (LEAD + 1 / FPS) * SR
+    assert st.av_offset_max_ms == pytest.approx(0.0, abs=0.13)
+
+
+def test_no_cut_past_speech_before_playout_or_without_the_flag() -> None:
+    p, clock = make()
+    assert p.push(*chunk(0), onset=True) == 0.0  # playout not started: nothing ahead to cut
+    run = Run(p, clock, onsets={5})
+    t = clock.t
+    on_time(run, range(1, 5), t, speech=None)  # speech queued ahead of the onset
+    run.arrivals.append((t + 4 * T + 0.01, 5, None))
+    run.until(t + 4 * T + 0.02)
+    assert run.cuts[5] == 0.0
+    p, clock = make()
+    run = Run(p, clock, onsets={8})
+    on_time(run, range(8), clock.t, speech=0)
+    run.arrivals.append((clock.t + 7 * T + 0.01, 8, 0))  # flagged, but no speech in it: not an onset
+    run.until(clock.t + 7 * T + 0.02)
+    assert run.cuts[8] == 0.0 and p.stats().onsets == 0
+
+
+def test_an_onset_keeps_the_slack_that_slow_chunks_need() -> None:
+    """Chunks that took 0.3 s from submit to arrival (a loaded machine): the chunk after the onset, made once the
+    onset is out, takes as long, so the onset keeps 0.3 - T s more slack than onset_slack_s, and nothing is late."""
+    run, arrived, cut = onset_run(0.05, made_s=0.3, max_depth=4)
+    need = LEAD + 0.02 + (0.3 - T)
+    first = next(v for v in run.video() if v.fresh and int(v.frame[0, 0, 0]) == (F * 20) % 251 + 1)
+    assert arrived + need <= first.due < arrived + need + 1 / FPS
+    assert 0 < cut < 5 / FPS  # less than the 5 frames a fast machine's onset cuts (the first onset test)
+    st = run.playout.stats()
+    assert (st.late_chunks, st.underruns) == (0, 0)
