@@ -8,6 +8,10 @@ runs further ahead (the same depth as serving's pipeline, `ServiceConfig.pipelin
 core the stages run one after the other on the caller's thread. Each stage's CPU time comes from
 `time.thread_time` in the thread that ran it, so a chunk's CPU time is the sum over the stages' threads.
 
+`prioritize(nice)` asks the OS for a nice value for every thread of this process (threads started later
+inherit it): the chunk path's workers are real-time work beside a voice agent, a LiveKit server and a viewer
+on the same cores. Below 0 it needs CAP_SYS_NICE (root in most containers); without it nothing changes.
+
 `calibrate` times a few chunks of silence through such a pipeline and says whether this machine, as loaded
 now, keeps up with the chunk budget (166.7 ms at 24 fps for 4 frames); `characters demo --realtime` prints
 its advice before it starts (it warns, it never refuses).
@@ -41,6 +45,25 @@ def cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def prioritize(nice: int) -> int | None:
+    """Set every thread of this process to `nice` (Linux keeps a nice value per thread; threads started later
+    inherit their creator's). Returns the value set, or None when the OS refused (lowering a nice value needs
+    CAP_SYS_NICE) or has no per-thread niceness; the process keeps what it had then."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    try:
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except ProcessLookupError:  # a thread that has just ended
+                continue
+    except (PermissionError, AttributeError):
+        return None
+    return nice
 
 
 def cpu_model() -> str:

@@ -37,11 +37,11 @@ chunks, early, without waiting for its chunk boundary: `deployments.pipeline.gra
 as soon as it can: the idle content ahead of it on the timeline (queued idle chunks, then committed idle
 frames whose audio is not handed out yet) is cut, whole frames from the latest back, until the chunk's audio
 is due `onset_slack_s` after it arrived (or the idle content ends), plus however much the slowest chunk of the
-last `slack_window_s` took from its submit to its arrival beyond a chunk's duration: the chunk after the onset,
-made once the onset is out, must still arrive before its turn. `push` returns the seconds cut, and the
-pusher must move its chunk clock that much earlier (the chunks after the onset then keep the slack they had;
-a generator that ignored it would see them late by as much). An onset chunk's own slack is not counted by the
-idle trimming (it is small by design), and speech is never cut.
+last `slack_window_s` took to make beyond a chunk's duration (from its submit, or from the arrival of the chunk
+before it if that was later: the pipeline's pace): the chunk after the onset must still arrive before its turn.
+`push` returns the seconds cut, and the pusher must move its chunk clock that much earlier (the chunks after
+the onset then keep the slack they had; a generator that ignored it would see them late by as much). An onset
+chunk's own slack is not counted by the idle trimming (it is small by design), and speech is never cut.
 
 Speech segments (the avatar protocol's unit: one agent audio stream). The room reports what it sent
 to generation, in order (`speech_open`, `speech_sent`, `speech_ended`); a chunk's window holds agent
@@ -313,7 +313,8 @@ class Playout:
         self._deep_since: float | None = None
         self._pushed = 0
         self._slack: deque[tuple[float, float]] = deque()  # (committed at, slack) of the last slack_window_s
-        self._made: deque[tuple[float, float]] = deque()  # (arrived at, submit -> arrival) of the last slack_window_s
+        self._made: deque[tuple[float, float]] = deque()  # (arrived at, time to make) of the last slack_window_s
+        self._arrived: float | None = None  # when the last chunk arrived
         self._slack_from: float | None = None  # when the first chunk was committed
 
     # ----------------------------------------------------------------------------- speech ledger
@@ -359,10 +360,11 @@ class Playout:
             raise ValueError(f"frames are {frames.shape[1:]}, earlier frames were {self._last.shape}; "
                              "the resolution is fixed for a session")
         now = self.clock()
-        if submitted_at is not None:
-            self._made.append((now, now - submitted_at))
+        if submitted_at is not None:  # made from its submit, or from the previous arrival if the pipeline was busy
+            self._made.append((now, now - max(submitted_at, self._arrived if self._arrived is not None else -math.inf)))
             while self._made and self._made[0][0] < now - c.slack_window_s:
                 self._made.popleft()
+        self._arrived = now
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
         spans = self._take_speech(speech, now)
         chunk = _Chunk(frames, len(frames), pcm, spans, now, self._pushed, submitted_at)

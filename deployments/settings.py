@@ -16,6 +16,8 @@ turns them into the one frozen config that the scheduler, its slots and its sess
     CHARACTERS_PLACEMENT_TIMEOUT_S   wait for a placement group before removing it
     CHARACTERS_WORKER_TIMEOUT_S      wait for a worker stage (load weights, warm up) before failing the slot
     GLOO_SOCKET_IFNAME               interface gloo binds for CPU tensor parallelism (lo: loopback only)
+    CHARACTERS_REALTIME_NICE         nice value the chunk path's workers ask for (DiT, decoder, room, session actor;
+                                     default -10; below 0 needs CAP_SYS_NICE, else they keep Ray's worker niceness)
 
 Request limits (defaults of `deployments.api.requests.ApiConfig`; the app args' `api:` section overrides them;
 docs/security.md has the table):
@@ -135,6 +137,7 @@ OUTPUT_DIR = EnvVar("CHARACTERS_OUTPUT_DIR", str, "out/sessions", "a directory f
 PLACEMENT_TIMEOUT_S = EnvVar("CHARACTERS_PLACEMENT_TIMEOUT_S", float, 30.0, "seconds to wait for a placement group")
 WORKER_TIMEOUT_S = EnvVar("CHARACTERS_WORKER_TIMEOUT_S", float, 600.0, "seconds to wait for one worker stage")
 GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", str, "lo", "network interface for gloo (CPU tensor parallelism)")
+REALTIME_NICE = EnvVar("CHARACTERS_REALTIME_NICE", int, -10, "the chunk path's workers' nice value, -20..19")
 MiB = 1024 * 1024
 MAX_BODY_BYTES = EnvVar("CHARACTERS_MAX_BODY_BYTES", int, 16 * MiB, "bytes, an integer >= 1024")
 MAX_IMAGE_BYTES = EnvVar("CHARACTERS_MAX_IMAGE_BYTES", int, 10 * MiB, "bytes, an integer >= 1")
@@ -279,6 +282,11 @@ class ServiceConfig(BaseModel):
         "the next window is queued too) plays as soon as it is generated, this long after it reached the room: the "
         "idle frames ahead of it are cut and the chunk clock moves as much earlier (characters.pacing, speech "
         "onsets). None: off (speech waits behind the jitter buffer like any chunk).")
+    realtime_nice: int | None = Field(
+        default=-10, ge=-20, le=19, description="Nice value of the chunk path's workers (DiT ranks, decoder, room, "
+        "session actor), asked of the OS for every thread of theirs: real-time work beside a voice agent, a LiveKit "
+        "server and a viewer on the same cores. Below 0 needs CAP_SYS_NICE (root in most containers); refused, they "
+        "keep Ray's worker niceness (0 on a cluster `deployments.sessions.cluster` starts). None: leave it.")
     pacing: Literal["realtime", "unpaced"] = Field(
         default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
         "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")
@@ -347,6 +355,7 @@ class ServiceConfig(BaseModel):
             "max_sessions_per_key": MAX_SESSIONS_PER_KEY.get(), "use_gpus": USE_GPUS.get(),
             "transport": TRANSPORT.get(), "output_dir": OUTPUT_DIR.get(),
             "placement_timeout_s": PLACEMENT_TIMEOUT_S.get(), "worker_timeout_s": WORKER_TIMEOUT_S.get(),
+            "realtime_nice": REALTIME_NICE.get(),
         }
         values.update(overrides)
         return cls.model_validate(values)

@@ -425,6 +425,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
             "network_s": None if heard is None else heard - shown_at,
             "video_minus_audio_s": lag,
             "chunk": int(st["chunk"]),
+            "first_sample_at": t_first,  # time.monotonic() of this host
             "onset_cut_s": float(ch.get("cut_ms", 0)) / 1e3,  # idle content the room cut ahead of it (0: no onset)
         })
     stats = info["stats"]
@@ -438,6 +439,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     run_s = t_end - t_run
     return {
         "generator": "ray", "utterances": args.utterances, "split": {k: summary(k) for k in keys}, "rows": rows,
+        "late_chunk_indices": sorted(k for k, ch in chunks.items() if ch.get("late") == "1"),
         "joined_after_request_s": t_joined,
         "viewer_fps": sum(t_run <= t < t_end for t in video_t) / run_s,
         "generated_fps": stats["fps"], "presented_fps": stats["presentedFps"], "late_chunks": stats["lateChunks"],

@@ -9,9 +9,11 @@ Agent audio path: each `lk.audio_stream` byte stream is one speech segment; segm
 time, in arrival order. Their PCM is decoded to 16 kHz mono 16-bit (`AgentAudioDecoder`) and handed to
 `handler.push_audio(pcm16, 16000, 1)`; the playout's ledger records it (`Playout.speech_sent`), so
 that the frames generated from it start and finish the segment (`lk.playback_started`,
-`lk.playback_finished`). One push is in flight at a time: what arrives meanwhile goes in the next one, so
-an agent's burst (a TTS sends faster than real time, a byte-stream chunk per 10-20 ms frame) costs the
-session a few calls instead of one per frame, on cores the chunk being made needs. A stream whose
+`lk.playback_finished`). Pushes are batched: one is in flight at a time, and speech is held until a chunk's
+window of it is here, the stream pauses for `PUSH_IDLE_S` or the segment ends (the generator takes whole
+windows anyway). So an agent's burst (a TTS sends faster than real time, a byte-stream chunk per 10-20 ms
+frame) costs the session a call per chunk of speech instead of one per frame, on the cores the chunk
+being made needs, and speech at real time still goes a frame at a time. A stream whose
 trailer was lost ends when idle for `STREAM_IDLE_TIMEOUT_S`,
 or for `SUPERSEDED_GRACE_S` once the next stream has begun.
 
@@ -83,6 +85,7 @@ CLEAR_TIMEOUT_S = 1.0
 RPC_ATTEMPTS = 3
 RPC_DRAIN_S = 1.0  # on leaving, notifications to the agent already queued get this long to be answered
 SNAPSHOT_INTERVAL_S = 0.5
+PUSH_IDLE_S = 0.01  # speech held for a batch goes to the session after the stream paused this long
 
 
 class AgentAudioHandler(Protocol):
@@ -138,6 +141,8 @@ class LiveKitRoom:
         self._n = {"segments": 0, "samples": 0, "clears": 0, "pushes": 0}
         self._outbox: list[tuple[str, bytes | None]] = []  # speech (or a segment's end, None) not yet handed over
         self._pushing = False  # a push_audio call is in flight
+        self._push_timer: asyncio.TimerHandle | None = None  # flushes a partial batch once the stream pauses
+        self._batch_samples = media.sample_rate * media.frames_per_chunk // media.fps  # a chunk's window
         self.snapshot: RoomStats | None = None  # refreshed every SNAPSHOT_INTERVAL_S: read it from any thread
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -177,6 +182,8 @@ class LiveKitRoom:
         self.ended.set()
         if self._timer is not None:
             self._timer.cancel()
+        if self._push_timer is not None:
+            self._push_timer.cancel()
         if self._leaving is not None:
             await self._leaving
         await self._disconnect()
@@ -340,11 +347,25 @@ class LiveKitRoom:
             self._outbox.append((segment, pcm16))
             self._flush_speech()
 
-    def _flush_speech(self) -> None:
-        """Hand everything in the outbox to the session in one push (unless one is in flight: then when it
-        returns), and record it in the playout's ledger in order, segment ends after their samples."""
-        if self._pushing or not self._outbox:
+    def _flush_speech(self, idle: bool = False) -> None:
+        """Hand everything in the outbox to the session in one push, once it holds a chunk's window of speech
+        or a segment's end, or the stream paused (`idle`), unless a push is in flight (then when it returns);
+        record it in the playout's ledger in order, segment ends after their samples."""
+        if idle:
+            self._push_timer = None
+        if not self._outbox:
             return
+        if not idle and self._outbox[-1][1] is not None \
+                and sum(len(p) for _, p in self._outbox if p) // 2 < self._batch_samples:
+            if self._push_timer is not None:
+                self._push_timer.cancel()
+            self._push_timer = asyncio.get_running_loop().call_later(PUSH_IDLE_S, self._flush_speech, True)
+            return
+        if self._pushing:
+            return  # its return flushes
+        if self._push_timer is not None:
+            self._push_timer.cancel()
+            self._push_timer = None
         assert self.publisher is not None
         items, self._outbox = self._outbox, []
         pcm16 = b"".join(p for _, p in items if p)
@@ -376,7 +397,7 @@ class LiveKitRoom:
         finally:
             self._pushing = False
             if self.publisher is not None:
-                self._flush_speech()
+                self._flush_speech(idle=self._push_timer is None)  # (a pause while in flight: all of it now)
 
     async def _on_clear_buffer(self, data: rtc.RpcInvocationData) -> str:
         if not self._is_agent(data.caller_identity):
@@ -387,6 +408,9 @@ class LiveKitRoom:
             self._cleared.add(self._current)
             self._superseded.set()  # wake the reader: it stops reading the interrupted stream
         self._outbox = [(segment, None) for segment, pcm in self._outbox if pcm is None]  # never handed over
+        if self._push_timer is not None:
+            self._push_timer.cancel()
+            self._push_timer = None
         queued = 0  # streams sent before the clear and not yet read: interrupted before they started
         while not self._streams.empty():
             self._streams.get_nowait()

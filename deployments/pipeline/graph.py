@@ -254,8 +254,7 @@ def run_chunk_loop(
     speech after chunks without is an *onset* when the next window is full too (the agent sent its speech
     faster than real time, so the chunk after it can follow at once): the room then plays it as soon as it
     arrives, cutting idle content ahead of it, and its report says how much (`ChunkReport.cut_s`); the
-    boundaries move that much earlier, so the chunks after it keep the slack they had. Nothing is submitted
-    behind an onset until it is out: on a few cores the next chunk's DiT would slow its decode. So speech waits neither
+    boundaries move that much earlier, so the chunks after it keep the slack they had. So speech waits neither
     for the next boundary nor behind the jitter buffer (`characters.pacing`, speech onsets). `onsets=False`: none
     is marked."""
     started = t0 = clock()
@@ -285,8 +284,8 @@ def run_chunk_loop(
             pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset))
             inflight.append(submitted)
             k += 1
-            while len(inflight) >= (1 if onset else depth):  # an onset goes alone: nothing behind it competes
-                report = pipeline.fetch(fetch_timeout_s)     # for the cores until it is out
+            if len(inflight) >= depth:
+                report = pipeline.fetch(fetch_timeout_s)
                 t0 -= report.cut_s  # the room cut idle content ahead of an onset: the boundaries follow
                 on_report(report, inflight.popleft())
         while inflight:

@@ -22,7 +22,7 @@ from characters.pacing import SegmentEvent
 from characters.telemetry import StageTime
 from deployments import telemetry
 from deployments.livekit.config import LiveKitOutput
-from deployments.pipeline.workers import ChunkInput, ChunkReport, Frames, SessionMismatch
+from deployments.pipeline.workers import ChunkInput, ChunkReport, Frames, SessionMismatch, realtime
 from deployments.types import OutputSpec
 
 
@@ -140,7 +140,8 @@ class RoomWorker:
 
     def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
                  buffer_chunks: float = 1.0, min_slack_ms: float | None = None,
-                 onset_slack_ms: float | None = 20.0) -> None:
+                 onset_slack_ms: float | None = 20.0, nice: int | None = None) -> None:
+        realtime(nice, "room")  # its playout thread (started per session) inherits it
         self.cfg, self.clock = cfg, clock
         telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation

@@ -15,6 +15,8 @@ end `reset` on every worker wipes all session state (KV cache, audio history, de
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from characters.config import SessionConfig
+from characters.cpu import prioritize
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.pacing import SegmentEvent
 from characters.process_group import free_port, join
@@ -35,6 +38,14 @@ from deployments.settings import GLOO_SOCKET_IFNAME
 from deployments.telemetry.stages import StageHook, chunk_recorder, stage_spans
 
 STAGES = ("init_device", "init_process_group", "load_weights", "warm_up")
+log = logging.getLogger(__name__)
+
+
+def realtime(nice: int | None, name: str) -> None:
+    """A worker of the chunk path asks for `nice` (`ServiceConfig.realtime_nice`; None: keep what it has)."""
+    if nice is not None and prioritize(nice) is None:
+        log.info("%s keeps its nice value %d: the OS refused %d (lowering it needs CAP_SYS_NICE)", name,
+                 os.getpriority(os.PRIO_PROCESS, 0), nice)
 REFERENCES_KEPT = 32  # reference latents a decoder keeps, by image: sessions on one avatar encode it once
 
 
@@ -162,10 +173,12 @@ class DiTWorker:
 
     def __init__(self, cfg: SessionConfig, *, rank: int = 0, ranks: int = 1, use_gpus: bool = False,
                  auto_dtype: bool = True, cpu_threads: int | None = None,
-                 trace_context: Mapping[str, str] | None = None) -> None:
-        """`cpu_threads`: intra-op threads on a CPU (default: the topology's `dit_cpu_threads`)."""
+                 trace_context: Mapping[str, str] | None = None, nice: int | None = None) -> None:
+        """`cpu_threads`: intra-op threads on a CPU (default: the topology's `dit_cpu_threads`); `nice`: the
+        process's nice value (`realtime`)."""
         if not 0 <= rank < ranks:
             raise ValueError(f"rank={rank} must be in [0, ranks={ranks})")
+        realtime(nice, f"DiT rank {rank}")
         self.cfg, self.rank, self.ranks = cfg, rank, ranks
         self.use_gpus, self.auto_dtype = use_gpus, auto_dtype
         self.cpu_threads = cpu_threads or cfg.topology.dit_cpu_threads
@@ -275,8 +288,11 @@ class DecoderWorker:
     """The slot's VAE: the reference encoder and the streaming decoder (own GPU, or DiT rank 0's)."""
 
     def __init__(self, cfg: SessionConfig, *, use_gpus: bool = False, auto_dtype: bool = True,
-                 cpu_threads: int | None = None, trace_context: Mapping[str, str] | None = None) -> None:
-        """`cpu_threads`: intra-op threads on a CPU (default: the topology's `decoder_cpu_threads`)."""
+                 cpu_threads: int | None = None, trace_context: Mapping[str, str] | None = None,
+                 nice: int | None = None) -> None:
+        """`cpu_threads`: intra-op threads on a CPU (default: the topology's `decoder_cpu_threads`); `nice`: the
+        process's nice value (`realtime`)."""
+        realtime(nice, "decoder")
         self.cfg, self.use_gpus, self.auto_dtype = cfg, use_gpus, auto_dtype
         self.cpu_threads = cpu_threads or cfg.topology.decoder_cpu_threads
         self.timer = StageTimer(on_stage=stage_spans("decoder", None, trace_context, STAGES[-1]))

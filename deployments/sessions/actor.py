@@ -26,7 +26,7 @@ from deployments.pipeline.graph import (
     classify,
     graph_mode,
 )
-from deployments.pipeline.workers import ChunkReport
+from deployments.pipeline.workers import ChunkReport, realtime
 from deployments.sessions.recovery import History, Resume, prime, prime_windows
 from deployments.sessions.runner import AudioBuffer, Outcome, Report, SessionRunner, keeps_real_time
 from deployments.settings import ServiceConfig
@@ -49,6 +49,7 @@ class SessionActor:
     def __init__(self, cfg: SessionConfig, service: ServiceConfig, workers: Workers,
                  slot_id: str | None = None) -> None:
         self.cfg, self.service, self.workers, self.slot_id = cfg, service, workers, slot_id
+        realtime(service.realtime_nice, "session actor")  # its chunk loop (a thread started later) inherits it
         # one session actor per slot: its metric series are the slot's
         self.tel = telemetry.setup("session", instance=f"{slot_id}.session" if slot_id else None)
         self.pipeline: Pipeline | None = None  # the slot's chunk pipeline, kept across sessions

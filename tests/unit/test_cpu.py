@@ -174,3 +174,48 @@ def test_realtime_demo_calibrates_before_the_first_chunk(tmp_path: Path) -> None
     assert events == ["calibration", "chunk 0", "chunk 1", "chunk 2"]
     assert report.calibration is not None and report.calibration["cores"] == cores()
     assert report.late_chunks == 0 and report.chunks == 3 and report.cpu_ms_p50 > 0  # the injected clock stood still
+
+
+PRIORITIZE = """
+import os, threading, time
+from characters.cpu import prioritize
+before = threading.Thread(target=time.sleep, args=(1.0,))
+before.start()
+assert prioritize({nice}) == {nice}
+after: list[int] = []
+t = threading.Thread(target=lambda: after.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+t.start(); t.join()
+seen = set()
+for tid in (int(x) for x in os.listdir("/proc/self/task")):
+    try:
+        seen.add(os.getpriority(os.PRIO_PROCESS, tid))
+    except ProcessLookupError:  # a thread that ended meanwhile
+        pass
+print(sorted(seen), after)
+"""
+
+
+def test_prioritize_sets_every_thread_and_new_threads_inherit_it() -> None:
+    """In a child process (this one keeps its nice value): raising the nice value needs no privilege."""
+    import subprocess
+    import sys
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = min(19, base + 3)
+    proc = subprocess.run([sys.executable, "-c", PRIORITIZE.format(nice=nice)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [f"[{nice}]", f"[{nice}]"]  # every thread (one started before too); a new one
+
+
+def test_a_refused_priority_leaves_the_worker_as_it_was(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from deployments.pipeline import workers
+
+    asked: list[int] = []
+    monkeypatch.setattr(workers, "prioritize", lambda nice: asked.append(nice))  # the OS said no: None
+    with caplog.at_level("INFO", logger=workers.__name__):
+        workers.realtime(-10, "DiT rank 0")
+        workers.realtime(None, "decoder")
+    assert asked == [-10]  # None asks nothing
+    assert "DiT rank 0 keeps its nice value" in caplog.text and "CAP_SYS_NICE" in caplog.text
