@@ -239,6 +239,7 @@ class _Chunk:
     index: int = 0  # chunks pushed before it
     submitted: float | None = None  # when the generator took its audio (the caller's clock), if known
     onset: bool = False  # played as soon as it arrived (its slack is not the idle trimming's business)
+    early_s: float = 0.0  # made this long before its boundary (slack the generator bought, not the pipeline's)
 
     @property
     def speech(self) -> bool:
@@ -343,11 +344,13 @@ class Playout:
 
     # ----------------------------------------------------------------------------- chunks
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-             submitted_at: float | None = None, onset: bool = False) -> float:
+             submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
         """Queue a generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 window that made them.
         `submitted_at`: when the generator took that window (on this playout's clock): segment starts then
         say where their latency went (`SegmentEvent.split`). `onset`: a speech onset, played as soon as it
-        can (see the module docstring). Returns the seconds of idle content cut ahead of it (0.0 mostly)."""
+        can (see the module docstring). `early_s`: the generator took its window that long before its boundary (its
+        audio was queued): the slack that bought is the generator's, not the pipeline's, and the idle trimming does
+        not count it. Returns the seconds of idle content cut ahead of it (0.0 mostly)."""
         c = self.cfg
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 1:
             raise ValueError(f"frames must be (F, H, W, 3) uint8 with F >= 1, got {frames.shape} {frames.dtype}")
@@ -367,7 +370,7 @@ class Playout:
         self._arrived = now
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
         spans = self._take_speech(speech, now)
-        chunk = _Chunk(frames, len(frames), pcm, spans, now, self._pushed, submitted_at)
+        chunk = _Chunk(frames, len(frames), pcm, spans, now, self._pushed, submitted_at, early_s=max(0.0, early_s))
         self._pushed += 1
         if any(owner == CLEARED for owner, _, _ in spans):
             self._skip(chunk)
@@ -589,7 +592,7 @@ class Playout:
         if self._slack_from is None:
             self._slack_from = now
         if not chunk.onset:  # an onset's slack is onset_slack_s by design: it says nothing of the jitter
-            self._slack.append((now, slack))
+            self._slack.append((now, slack - chunk.early_s))  # a chunk made early had slack the pipeline did not
         while self._slack and self._slack[0][0] < now - c.slack_window_s:
             self._slack.popleft()
         if chunk.speech or chunk.frames is None or chunk.count < 2 or not self._spare(now, 1.0 / c.fps):

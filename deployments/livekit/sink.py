@@ -85,10 +85,11 @@ class LiveKitSink:
             raise
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False) -> float:
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
         """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout (copied).
         `speech_samples`: how many leading samples are agent speech (inferred when None); `submitted_at`: when
-        the chunk loop took that audio (monotonic, this node), for segment starts. Never blocks, but for an
+        the chunk loop took that audio (monotonic, this node), for segment starts; `early_s`: how long before its
+        boundary (`Playout.push`). Never blocks, but for an
         `onset` (`Playout.push`): that one waits for the room's loop to queue it (at most `ONSET_WAIT_S`) and
         returns the seconds of idle content cut ahead of it, which the chunk loop must follow."""
         h, w = self.media.height, self.media.width
@@ -101,7 +102,7 @@ class LiveKitSink:
             self.dropped_writes += 1
             return 0.0
         # copies (~0.6 MB per tiny chunk): a compiled graph's channel may reuse the buffers the arrays view
-        args = (room, np.array(frames), np.array(pcm), speech_samples, submitted_at, onset)
+        args = (room, np.array(frames), np.array(pcm), speech_samples, submitted_at, early_s, onset)
         if not onset:
             loop.call_soon_threadsafe(self._push, *args)
             return 0.0
@@ -189,9 +190,9 @@ class LiveKitSink:
             raise
 
     def _push(self, room: LiveKitRoom, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None,
-              submitted_at: float | None, onset: bool) -> float:
+              submitted_at: float | None, early_s: float, onset: bool) -> float:
         try:
-            return room.push_chunk(frames, pcm, speech_samples, submitted_at, onset)
+            return room.push_chunk(frames, pcm, speech_samples, submitted_at, onset, early_s)
         except ValueError as e:
             self.dropped_writes += 1
             log.error("chunk refused by the playout: %s", e)

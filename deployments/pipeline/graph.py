@@ -281,7 +281,7 @@ def run_chunk_loop(
             onset = onsets and speech and not spoke and full >= 2
             spoke = speech
             submitted = clock()  # before submit: the workers may start on it before submit returns
-            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset))
+            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, max(0.0, due - submitted)))
             inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:

@@ -30,7 +30,7 @@ class MediaSink(Protocol):
     """Where a session's frames and audio go; the seam where a LiveKit publisher plugs in later."""
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False) -> float: ...
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float: ...
     # (F, H, W, 3) uint8, (n,) float32; returns the seconds of idle content cut ahead of an onset (a sink with a
     # playout timeline, `LiveKitSink`; 0.0 for the others)
 
@@ -44,7 +44,7 @@ class NullSink:
         self.frames = 0
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False) -> float:
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
         self.frames += len(frames)
         return 0.0
 
@@ -60,7 +60,7 @@ class Mp4Sink:
         self.writer = Mp4Writer(path, width, height, fps=fps, sample_rate=sample_rate)
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False) -> float:
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
         self.writer.write_frames(frames)
         self.writer.write_audio(pcm)
         return 0.0
@@ -202,7 +202,7 @@ class RoomWorker:
         now = self.clock()
         late, lateness = self.meter.on_chunk(now)
         onset = inp.onset and self.onset_slack_s is not None
-        cut_s = self.sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at, onset=onset)
+        cut_s = self.sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at, onset=onset, early_s=inp.early_s)
         digest = frames_digest(frames.frames)
         stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
         buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))

@@ -61,6 +61,7 @@ class ChunkInput:
     pcm: np.ndarray  # (n,) float32 mono 16 kHz, n = len(chunk_sample_range(chunk))
     submitted_at: float | None = None  # when the chunk loop took this audio (time.monotonic: the slot's node)
     onset: bool = False  # the first speech after idle chunks: the room plays it at once (`run_chunk_loop`)
+    early_s: float = 0.0  # submitted this long before its boundary (its window was full): not slack of the pipeline
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class Run:
     onsets: set[int] = field(default_factory=set)  # chunks pushed with onset=True
     cuts: dict[int, float] = field(default_factory=dict)  # what those pushes returned
     made_s: float | None = None  # each chunk was submitted this long before it arrives (None: not said)
+    early: dict[int, float] = field(default_factory=dict)  # chunk -> early_s its push says
 
     def poll(self) -> None:
         now = self.clock.t
@@ -92,7 +93,8 @@ class Run:
             if t_arr <= t_due:
                 _, k, speech = pending.pop(0)
                 made = None if self.made_s is None else self.clock.t - self.made_s
-                cut = self.playout.push(*chunk(k, speech), submitted_at=made, onset=k in self.onsets)
+                cut = self.playout.push(*chunk(k, speech), submitted_at=made, onset=k in self.onsets,
+                                        early_s=self.early.get(k, 0.0))
                 if k in self.onsets:
                     self.cuts[k] = cut
             else:
@@ -722,3 +724,20 @@ def test_an_onset_keeps_the_slack_that_slow_chunks_need() -> None:
     assert 0 < cut < 5 / FPS  # less than the 5 frames a fast machine's onset cuts (the first onset test)
     st = run.playout.stats()
     assert (st.late_chunks, st.underruns) == (0, 0)
+
+
+def test_slack_a_chunk_had_from_being_made_early_does_not_trim_the_buffer() -> None:
+    """Chunks that take 0.15 s to make but were started 0.10 s before their boundary (their audio was queued)
+    arrive with slack the pipeline itself does not have: trimming it away would make the next chunk started on
+    its boundary late. Told so (`early_s`), the playout keeps it; not told, it trims."""
+    trimmed = []
+    for early in (0.10, 0.0):
+        p, clock = make(min_slack_s=0.02, slack_window_s=2.0)
+        run = Run(p, clock, early={k: early for k in range(1, 60)})
+        t = clock.t
+        run.arrivals += [(t, 0, 0)] + [(t + k * T + 0.05, k, 0) for k in range(1, 60)]
+        run.until(t + 60 * T)
+        st = p.stats()
+        assert st.late_chunks == 0
+        trimmed.append(st.trimmed_frames)
+    assert trimmed[0] == 0 and trimmed[1] > 0

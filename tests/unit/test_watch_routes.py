@@ -244,7 +244,7 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
         submitted: ClassVar[list[tuple[float | None, bool]]] = []
 
         def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-                  submitted_at: float | None = None, onset: bool = False) -> float:
+                  submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
             self.submitted.append((submitted_at, onset))
             return 0.125 if onset else 0.0
 
