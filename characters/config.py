@@ -282,6 +282,12 @@ class TopologyConfig(_Frozen):
         "costs CPU time for little wall time at the tiny preset's sizes (benchmarks/cpu_tiny.json).")
     decoder_cpu_threads: int = Field(
         default=1, ge=1, le=64, description="Intra-op threads of the VAE decoder on a CPU (see dit_cpu_threads).")
+    cpu_matmul: Literal["float32", "bfloat16", "auto"] = Field(
+        default="auto",
+        description="The DiT blocks' linear layers on a CPU: 'float32', or 'bfloat16' (bf16 weights and inputs, "
+        "float32 out and everything else float32), or 'auto': bfloat16 where the CPU multiplies bf16 in hardware "
+        "(AVX512_BF16 or AMX; on a 2-core EPYC the tiny DiT's step went 57 -> 47 ms), float32 elsewhere (bf16 "
+        "emulated is slower). The lip-sync score holds (docs/training.md).")
     sequence_parallel: bool = Field(
         default=False,
         description="With dit_ranks > 1: split the residual stream by tokens between the tensor-parallel layers "

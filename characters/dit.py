@@ -271,6 +271,16 @@ class CausalDiT(nn.Module):
                 module.ops = ops
 
     @torch.no_grad()
+    def to_cpu_bf16(self) -> None:
+        """Run the blocks' linear layers (the layers `to_fp8` converts) as bf16 GEMMs on a CPU with bf16 dot products
+        (`ParallelLinear.to_cpu_bf16_`); everything else stays in the compute dtype."""
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            for layer in (block.self_attn.qkv, block.self_attn.o, block.cross_attn.q, block.cross_attn.o,
+                          block.fc1, block.fc2):
+                layer.to_cpu_bf16_()
+
+    @torch.no_grad()
     def to_fp8(self) -> None:
         """Quantise the blocks' linear layers to e4m3 (per output channel; call after the weights are loaded,
         or before loading an FP8 checkpoint into the converted model) and switch the elementwise steps to their

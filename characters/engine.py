@@ -37,6 +37,15 @@ from kernels.fp8 import check_fp8_device
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def cpu_matmul(choice: str) -> Literal["float32", "bfloat16"]:
+    """`TopologyConfig.cpu_matmul` on this CPU: 'auto' is bfloat16 where it multiplies bf16 in hardware."""
+    from characters.cpu import cpu_flags
+
+    if choice == "auto":
+        return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags()) else "float32"
+    return "bfloat16" if choice == "bfloat16" else "float32"
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
@@ -91,6 +100,11 @@ class DiTRunner:
             load_weights(self.audio_encoder, self.weights / "audio.safetensors")
         if m.precision == "fp8" and not dit.fp8:
             dit.to_fp8()  # quantised once, here: this rank's share, per output channel
+        self.cpu_matmul = cpu_matmul(topo.cpu_matmul) if self.device.type == "cpu" else None
+        if self.cpu_matmul == "bfloat16" and (ranks > 1 or self.dtype != torch.float32 or m.precision == "fp8"):
+            self.cpu_matmul = "float32"  # bf16 GEMMs serve one float32 rank (a CPU session has one)
+        if self.cpu_matmul == "bfloat16":
+            dit.to_cpu_bf16()
         self.dit = dit.eval()
         self.dit.fuse_elementwise(self.device.type == "cuda" if fuse is None else fuse)
         self.audio_encoder.eval()

@@ -248,6 +248,7 @@ class ParallelLinear(nn.Linear):
         self.shards: TokenShards | None = None
         self.fp8 = False  # `to_fp8_`: e4m3 weight with per-output-channel `weight_scale`, FP8 GEMM
         self.compute_dtype = torch.float32
+        self.weight_bf16: torch.Tensor | None = None  # `to_cpu_bf16_`: the GEMM in bf16 (CPUs with bf16 dot products)
 
     def shard_tensor(self, name: Literal["weight", "bias", "weight_scale"], full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the logical (unsplit) `weight`, `bias` or FP8 `weight_scale` tensor."""
@@ -265,6 +266,15 @@ class ParallelLinear(nn.Linear):
 
     def full_shape(self, name: Literal["weight", "bias", "weight_scale"]) -> tuple[int, ...]:
         return (self.full_out, self.full_in) if name == "weight" else (self.full_out,)
+
+    @torch.no_grad()
+    def to_cpu_bf16_(self) -> None:
+        """Run this layer's GEMM in bf16 on a CPU with bf16 dot products: a bf16 copy of the weight, the input cast
+        per call, the product (accumulated in float32 by oneDNN) back in the input's dtype, the bias added in it.
+        One rank only (a CPU session has one)."""
+        if self.tp_size != 1 or self.fp8:
+            raise ValueError(f"to_cpu_bf16_ is for one-rank, non-FP8 layers (tp_size={self.tp_size}, fp8={self.fp8})")
+        self.weight_bf16 = self.weight.detach().to(torch.bfloat16)
 
     @torch.no_grad()
     def to_fp8_(self) -> None:
@@ -307,6 +317,9 @@ class ParallelLinear(nn.Linear):
         if isinstance(x, Fp8Act):
             raise ValueError(f"{type(self).__name__}: an FP8 activation reached a bf16 layer ({self.full_in} -> "
                              f"{self.full_out}); convert the model with to_fp8() or feed it a plain tensor")
+        if self.weight_bf16 is not None:
+            y = F.linear(x.to(torch.bfloat16), self.weight_bf16).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         if self.tp_size == 1:
             return super().forward(x)
         if self.mode == "column":

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from characters.audio import SAMPLE_AUDIO, load_audio  # noqa: E402
-from characters.config import session_config  # noqa: E402
+from characters.config import TOPOLOGIES, session_config  # noqa: E402
 from characters.cpu import StagePipeline, cores, cpu_flags, cpu_model, load_average  # noqa: E402
 from characters.engine import CharacterEngine, DecoderRunner  # noqa: E402
 from characters.media import SAMPLE_IMAGE, load_image  # noqa: E402
@@ -114,16 +114,21 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=8, help="untimed chunks first (the cache window fills in 4)")
     p.add_argument("--variants", default="overlap,sequential,sequential_2threads")
     p.add_argument("--decoders", default="conv", help="also time these decoder_output kinds alone ('' for none)")
+    p.add_argument("--cpu-matmul", default="auto", help="comma list of TopologyConfig.cpu_matmul to run each variant "
+                   "with (auto: bfloat16 where the CPU has bf16 dot products); rows are named variant/<resolved>")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "cpu_tiny.json"))
     args = p.parse_args()
     load_before = load_average()
     cfg = session_config("tiny", "cpu")
-    engine = CharacterEngine(cfg)
     image = load_image(SAMPLE_IMAGE, cfg.model.generation.height, cfg.model.generation.width)
     speech = load_audio(SAMPLE_AUDIO)
     t0 = time.perf_counter()
-    rows = {name: run_variant(engine, image, speech, name, args.chunks, args.warmup)
-            for name in args.variants.split(",") if name}
+    rows = {}
+    for choice in filter(None, args.cpu_matmul.split(",")):
+        topology = TOPOLOGIES["cpu"].model_copy(update={"cpu_matmul": choice}).model_dump()
+        engine = CharacterEngine(session_config("tiny", topology))
+        for name in filter(None, args.variants.split(",")):
+            rows[f"{name}/{engine.dit.cpu_matmul}"] = run_variant(engine, image, speech, name, args.chunks, args.warmup)
     decoders = {"serving (" + cfg.model.vae.decoder_output + ")": decoder_only({}, args.chunks, args.warmup)}
     for kind in filter(None, args.decoders.split(",")):
         if kind != cfg.model.vae.decoder_output:
@@ -144,10 +149,10 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=1))
     print(f"tiny on {result['cpu_model']}, {result['cores']} cores, load average {load_before} -> "
           f"{result['load_average_after']}")
-    print(f"{'variant':<22} {'CPU ms p50':>10} {'p95':>7} {'process p50':>11} {'p95':>7} {'wall p50':>9} {'p95':>7}"
+    print(f"{'variant':<28} {'CPU ms p50':>10} {'p95':>7} {'process p50':>11} {'p95':>7} {'wall p50':>9} {'p95':>7}"
           f" {'DiT cpu':>8} {'dec cpu':>8}")
     for name, r in rows.items():
-        print(f"{name:<22} {r['cpu_ms']['p50']:>10.1f} {r['cpu_ms']['p95']:>7.1f} {r['process_cpu_ms']['p50']:>11.1f} "
+        print(f"{name:<28} {r['cpu_ms']['p50']:>10.1f} {r['cpu_ms']['p95']:>7.1f} {r['process_cpu_ms']['p50']:>11.1f} "
               f"{r['process_cpu_ms']['p95']:>7.1f} {r['wall_ms']['p50']:>9.1f} {r['wall_ms']['p95']:>7.1f} "
               f"{r['dit_cpu_ms']['p50']:>8.1f} {r['decode_cpu_ms']['p50']:>8.1f}")
     for name, r in decoders.items():

@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from characters.config import session_config  # noqa: E402
-from characters.engine import CharacterEngine  # noqa: E402
+from characters.config import TOPOLOGIES, session_config  # noqa: E402
+from characters.cpu import cpu_flags, cpu_model  # noqa: E402
+from characters.engine import CharacterEngine, cpu_matmul  # noqa: E402
 from characters.train.data import TEST_CLIPS, TRAIN_CLIPS, load_or_build, reference_image  # noqa: E402
 from characters.train.evaluate import generate, generate_clips, ground_truth_score  # noqa: E402
 from characters.train.lipsync import identity_drift, lipsync_score  # noqa: E402
@@ -67,13 +68,17 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="noise seed of clip i is seed + i (0: the recorded runs)")
     p.add_argument("--decoder-output", choices=["conv", "pixel_shuffle"], default=None,
                    help="override the preset's vae.decoder_output (e.g. to score the previous decoder's weights)")
+    p.add_argument("--cpu-matmul", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="the DiT's linear layers on this CPU (TopologyConfig.cpu_matmul; auto: bf16 where the CPU has "
+                        "bf16 dot products)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/lipsync_<preset>.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model: dict[str, object] = {"generation": {"cache_mode": args.cache_mode}}
     if args.decoder_output:
         model["vae"] = {"decoder_output": args.decoder_output}
-    cfg = session_config(args.preset, "cpu", weights=args.weights, model=model)
+    topology = TOPOLOGIES["cpu"].model_copy(update={"cpu_matmul": args.cpu_matmul}).model_dump()
+    cfg = session_config(args.preset, topology, weights=args.weights, model=model)
     _, test = load_or_build(args.data, TRAIN_CLIPS, TEST_CLIPS)  # the test split excludes the train sentences
     clips = test[: args.clips]
     t0 = time.perf_counter()
@@ -95,6 +100,7 @@ def main() -> None:
         "weights": str(weights.relative_to(ROOT) if weights and weights.is_relative_to(ROOT) else weights or "random"),
         "cache_mode": args.cache_mode, "threads": args.threads, "torch": torch.__version__, "seed": args.seed,
         "vae_decoder_output": cfg.model.vae.decoder_output,
+        "cpu_matmul": cpu_matmul(args.cpu_matmul), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
         "lipsync": {**score.as_dict(), "r_clips": score.r_clips}, "ground_truth": truth.as_dict(),
         "random_weights": baseline.as_dict() if baseline else None, "generate_s": gen_s, "drift": drift,
     }

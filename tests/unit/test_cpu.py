@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.cpu import Calibration, StagePipeline, calibrate, cores, cpu_flags, cpu_model
 from characters.demo import run_demo
@@ -219,3 +220,37 @@ def test_a_refused_priority_leaves_the_worker_as_it_was(monkeypatch: pytest.Monk
         workers.realtime(None, "decoder")
     assert asked == [-10]  # None asks nothing
     assert "DiT rank 0 keeps its nice value" in caplog.text and "CAP_SYS_NICE" in caplog.text
+
+
+def test_bf16_linear_layers_match_float32_and_auto_picks_them_only_with_bf16_hardware(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import characters.cpu as cpu_mod
+    from characters.config import TOPOLOGIES
+    from characters.engine import DiTRunner, cpu_matmul
+    from characters.tp import ParallelLinear
+
+    layer = ParallelLinear(64, 96, "column")
+    x = torch.randn(3, 7, 64)
+    want = layer(x)
+    layer.to_cpu_bf16_()
+    got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert float((got - want).norm() / want.norm()) < 1e-2  # bf16 operands, float32 accumulation
+    monkeypatch.setattr(cpu_mod, "cpu_flags", lambda: ["avx2", "fma"])
+    assert cpu_matmul("auto") == "float32" and cpu_matmul("bfloat16") == "bfloat16"
+    monkeypatch.setattr(cpu_mod, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_bf16"])
+    assert cpu_matmul("auto") == "bfloat16" and cpu_matmul("float32") == "float32"
+    # a whole DiT: a few chunks of the bf16 runner stay within 3% of the float32 one's latents
+    topo = {c: TOPOLOGIES["cpu"].model_copy(update={"cpu_matmul": c}).model_dump() for c in ("float32", "bfloat16")}
+    runners = {c: DiTRunner(session_config("tiny", topo[c], model=SMALL)) for c in topo}
+    assert runners["bfloat16"].cpu_matmul == "bfloat16" and runners["float32"].cpu_matmul == "float32"
+    cfg = session_config("tiny", "cpu", model=SMALL)
+    ref = torch.zeros(1, cfg.model.dit.latent_channels, *cfg.model.latent_hw)
+    outs = {}
+    for c, r in runners.items():
+        r.start(ref, seed=0)
+        for k in range(4):
+            a, b = chunk_sample_range(k, 4)
+            out = r.step((0.1 * np.sin(np.arange(a, b) * 0.05)).astype(np.float32))
+        outs[c] = out
+    assert float((outs["bfloat16"] - outs["float32"]).norm() / outs["float32"].norm()) < 0.03
