@@ -9,12 +9,8 @@ Agent audio path: each `lk.audio_stream` byte stream is one speech segment; segm
 time, in arrival order. Their PCM is decoded to 16 kHz mono 16-bit (`AgentAudioDecoder`) and handed to
 `handler.push_audio(pcm16, 16000, 1)`; the playout's ledger records it (`Playout.speech_sent`), so
 that the frames generated from it start and finish the segment (`lk.playback_started`,
-`lk.playback_finished`). Pushes are batched: one is in flight at a time, and speech is held until a chunk's
-window of it is here, the stream pauses for `PUSH_IDLE_S` or the segment ends (the generator takes whole
-windows anyway). So an agent's burst (a TTS sends faster than real time, a byte-stream chunk per 10-20 ms
-frame) costs the session a call per chunk of speech instead of one per frame, on the cores the chunk
-being made needs, and speech at real time still goes a frame at a time. A stream whose
-trailer was lost ends when idle for `STREAM_IDLE_TIMEOUT_S`,
+`lk.playback_finished`). Pushes go in batches, a chunk's window at a time (`deployments.livekit.outbox`). A
+stream whose trailer was lost ends when idle for `STREAM_IDLE_TIMEOUT_S`,
 or for `SUPERSEDED_GRACE_S` once the next stream has begun.
 
 Interruption: RPC `lk.clear_buffer` from the agent -> the rest of the current stream is discarded,
@@ -60,6 +56,7 @@ from livekit.rtc.participant import PublishTrackError
 
 from characters.pacing import PacingConfig, PlayoutStats, SegmentEvent
 from deployments.livekit.config import LiveKitOutput, MediaFormat
+from deployments.livekit.outbox import SpeechOutbox
 from deployments.livekit.protocol import (
     AUDIO_STREAM_TOPIC,
     RPC_CLEAR_BUFFER,
@@ -85,7 +82,6 @@ CLEAR_TIMEOUT_S = 1.0
 RPC_ATTEMPTS = 3
 RPC_DRAIN_S = 1.0  # on leaving, notifications to the agent already queued get this long to be answered
 SNAPSHOT_INTERVAL_S = 0.5
-PUSH_IDLE_S = 0.01  # speech held for a batch goes to the session after the stream paused this long
 
 
 class AgentAudioHandler(Protocol):
@@ -138,11 +134,10 @@ class LiveKitRoom:
         self._started_unsupported = False
         self._seen_remote = False
         self._timer: asyncio.TimerHandle | None = None
-        self._n = {"segments": 0, "samples": 0, "clears": 0, "pushes": 0}
-        self._outbox: list[tuple[str, bytes | None]] = []  # speech (or a segment's end, None) not yet handed over
-        self._pushing = False  # a push_audio call is in flight
-        self._push_timer: asyncio.TimerHandle | None = None  # flushes a partial batch once the stream pauses
-        self._batch_samples = media.sample_rate * media.frames_per_chunk // media.fps  # a chunk's window
+        self._n = {"segments": 0, "samples": 0, "clears": 0}
+        push = None if handler is None else (lambda pcm16: handler.push_audio(pcm16, SAMPLE_RATE, 1))
+        self._outbox = SpeechOutbox(push, self._delivered, spawn=lambda c, name: self._spawn(c, name, pending=True),
+                                    batch_samples=media.sample_rate * media.frames_per_chunk // media.fps)
         self.snapshot: RoomStats | None = None  # refreshed every SNAPSHOT_INTERVAL_S: read it from any thread
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -182,8 +177,7 @@ class LiveKitRoom:
         self.ended.set()
         if self._timer is not None:
             self._timer.cancel()
-        if self._push_timer is not None:
-            self._push_timer.cancel()
+        self._outbox.close()
         if self._leaving is not None:
             await self._leaving
         await self._disconnect()
@@ -308,8 +302,7 @@ class LiveKitRoom:
             if decoder is not None and segment not in self._cleared:
                 self._send_speech(segment, decoder.flush())
             self._current = None
-            self._outbox.append((segment, None))  # ends after its last samples are handed over
-            self._flush_speech()
+            self._outbox.end(segment)  # ends after its last samples are handed over
 
     async def _iter_stream(self, reader: rtc.ByteStreamReader, segment: str) -> AsyncIterator[bytes]:
         """The stream's chunks until it closes, is interrupted, or its trailer is lost: idle for
@@ -343,42 +336,11 @@ class LiveKitRoom:
                 nxt.cancel()
 
     def _send_speech(self, segment: str, pcm16: bytes) -> None:
-        if pcm16:
-            self._outbox.append((segment, pcm16))
-            self._flush_speech()
+        self._outbox.add(segment, pcm16)
 
-    def _flush_speech(self, idle: bool = False) -> None:
-        """Hand everything in the outbox to the session in one push, once it holds a chunk's window of speech
-        or a segment's end, or the stream paused (`idle`), unless a push is in flight (then when it returns);
-        record it in the playout's ledger in order, segment ends after their samples."""
-        if idle:
-            self._push_timer = None
-        if not self._outbox:
-            return
-        if not idle and self._outbox[-1][1] is not None \
-                and sum(len(p) for _, p in self._outbox if p) // 2 < self._batch_samples:
-            if self._push_timer is not None:
-                self._push_timer.cancel()
-            self._push_timer = asyncio.get_running_loop().call_later(PUSH_IDLE_S, self._flush_speech, True)
-            return
-        if self._pushing:
-            return  # its return flushes
-        if self._push_timer is not None:
-            self._push_timer.cancel()
-            self._push_timer = None
+    def _delivered(self, items: list[tuple[str, bytes | None]]) -> None:
+        """The outbox handed these to the session: the playout's ledger records them, in order."""
         assert self.publisher is not None
-        items, self._outbox = self._outbox, []
-        pcm16 = b"".join(p for _, p in items if p)
-        if pcm16 and self.handler is not None:
-            self._n["pushes"] += 1
-            try:
-                result = self.handler.push_audio(pcm16, SAMPLE_RATE, 1)
-            except Exception as e:  # noqa: BLE001 (a failing handler must not stop the room)
-                log.warning("handler push_audio failed: %s: %s", type(e).__name__, e)
-                result = None
-            if inspect.isawaitable(result):
-                self._pushing = True
-                self._spawn(self._pushed(result), "livekit-push-audio", pending=True)
         playout = self.publisher.playout
         for segment, pcm in items:
             if pcm is not None:
@@ -389,16 +351,6 @@ class LiveKitRoom:
                     self._on_segment_event(event)
         self.publisher.wake()
 
-    async def _pushed(self, result: Awaitable[object]) -> None:
-        try:
-            await result
-        except Exception as e:  # noqa: BLE001
-            log.warning("handler push_audio failed: %s: %s", type(e).__name__, e)
-        finally:
-            self._pushing = False
-            if self.publisher is not None:
-                self._flush_speech(idle=self._push_timer is None)  # (a pause while in flight: all of it now)
-
     async def _on_clear_buffer(self, data: rtc.RpcInvocationData) -> str:
         if not self._is_agent(data.caller_identity):
             raise rtc.RpcError(rtc.RpcError.ErrorCode.APPLICATION_ERROR, "clear_buffer is accepted from the agent only")
@@ -407,10 +359,7 @@ class LiveKitRoom:
         if self._current is not None:
             self._cleared.add(self._current)
             self._superseded.set()  # wake the reader: it stops reading the interrupted stream
-        self._outbox = [(segment, None) for segment, pcm in self._outbox if pcm is None]  # never handed over
-        if self._push_timer is not None:
-            self._push_timer.cancel()
-            self._push_timer = None
+        self._outbox.drop_speech()  # never handed over
         queued = 0  # streams sent before the clear and not yet read: interrupted before they started
         while not self._streams.empty():
             self._streams.get_nowait()

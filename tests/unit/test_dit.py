@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from characters.config import SessionConfig, session_config
+from characters.config import TOPOLOGIES, SessionConfig, session_config
 from characters.dit import CausalDiT, block_causal_mask
 from characters.engine import DiTRunner, ForwardRecord
 from characters.weights import init_weights, load_weights, save_dit_shards, save_weights, shard_path
@@ -15,9 +15,14 @@ from characters.weights import init_weights, load_weights, save_dit_shards, save
 CHUNKS = 7  # ring of 4 slots: chunks 4..6 evict chunks 0..2
 
 
+# float32 GEMMs whatever the CPU: these tests hold the cache's arithmetic to the full recomputation's (with bf16
+# GEMMs on a CPU that has them, `cpu_matmul="auto"`, two shapes of the same product round differently)
+CPU_F32 = TOPOLOGIES["cpu"].model_copy(update={"cpu_matmul": "float32"}).model_dump()
+
+
 def small(cache_mode: str = "write_time", **generation: object) -> SessionConfig:
     gen = {"cache_mode": cache_mode, **generation}
-    return session_config("tiny", "cpu", seed=3, model={"dit": {"num_layers": 2}, "generation": gen})
+    return session_config("tiny", CPU_F32, seed=3, model={"dit": {"num_layers": 2}, "generation": gen})
 
 
 def pcm_for(runner: DiTRunner, k: int, seed: int = 0) -> np.ndarray:

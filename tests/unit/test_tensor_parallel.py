@@ -21,8 +21,10 @@ CHUNKS = 5
 
 
 def _topology(sequence_parallel: bool) -> dict[str, object]:
-    # the rank count comes from DiTRunner's `ranks`; the topology carries the parallelism options
-    return {"name": "cpu", "dit_ranks": 1, "decoder_gpus": 0, "sequence_parallel": sequence_parallel}
+    # the rank count comes from DiTRunner's `ranks`; the topology carries the parallelism options. float32 GEMMs on
+    # one rank too (`cpu_matmul`: bf16 ones serve one rank only, and round otherwise than the ranks' split GEMMs)
+    return {"name": "cpu", "dit_ranks": 1, "decoder_gpus": 0, "sequence_parallel": sequence_parallel,
+            "cpu_matmul": "float32"}
 
 
 def _cfg(sequence_parallel: bool = True):  # type: ignore[no-untyped-def]
