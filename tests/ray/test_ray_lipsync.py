@@ -16,13 +16,16 @@ MP4's audio, the in-process side against the speech.
 
 Tolerance, measured (in process: frames and audio through `Mp4Writer` and back; and two Ray runs):
 - the codecs (H.264 crf 20, AAC) move a clip's r by up to 0.006 (clip 1: 0.8026 -> 0.7972; clip 2:
-  0.9104 -> 0.9121), and the best offset of clips 1 and 2 never (it beats the next offset by >= 0.02 r);
+  0.9104 -> 0.9121; measured with the first light decoder);
 - two Ray runs of the same clip differ by up to 0.0004 r (the encoders);
 - a different L moves a clip's r by up to 0.022 (clip 1, L = 0 vs 1: the noise falls differently on the
   speech), which is why L is matched rather than allowed for.
 R_TOL = 0.02 is ~3x the codecs' effect. A Ray pipeline that syncs worse is far outside it (random weights on
-the Ray side: clip 1's r 0.80 -> -0.08), and the offset check catches an A/V shift of half a frame in the MP4
-(its audio 21 ms late moves the best offset of both clips by one frame) even where the frames are right.
+the Ray side: clip 1's r 0.80 -> -0.08). The whole curve of r over offsets (within 2 frames of the best) is held
+to the same tolerance, which catches an A/V shift of half a frame in the MP4 even where the frames are right:
+in process, audio 21 ms late moves clip 1's and clip 2's curves by up to 0.07 r (the refitted decoder). The best
+offset itself is not compared: with the refitted decoder it beats the next by 0.001 r on clip 1 (0.025 on clip
+2), a coin toss for any codec.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from deployments.types import OutputSpec, SessionSpec, SessionStatus
 pytestmark = pytest.mark.ray
 
 CLIPS = load_split(Path(__file__).parents[1] / "unit" / "data" / "lipsync_heldout.npz")
-USED = (1, 2)  # each one's best offset beats the next by >= 0.02 r (clip 0's by 0.0003..0.015: a coin toss)
+USED = (1, 2)
+CURVE = 2  # offsets within this many frames of the in-process best are compared
 R_TOL = 0.02  # |r_ray - r_in_process| of a clip: ~3x the codecs' measured effect (see above)
 MAX_LAG_ERR = 16  # samples (1 ms) between where the MP4's speech starts and the chunk start it was queued at
 MIN_SPEECH_CORR = 0.95  # the MP4's audio against the pushed speech, lined up (AAC keeps ~0.99)
@@ -183,5 +187,7 @@ def test_ray_session_scores_the_lip_sync_of_the_in_process_engine(ray_takes: lis
               f"process; best offset {ray_score.offset}, {ref.offset}")
         assert ref.r > 0.5, ref.as_dict()  # the trained weights: not two broken paths agreeing
         report = {"clip": i, "ray": ray_score.as_dict(), "in_process": ref.as_dict()}
-        assert ray_score.offset == ref.offset, report
         assert abs(ray_score.r - ref.r) < R_TOL, report
+        got, want = ray_score.as_dict()["r_per_offset"], ref.as_dict()["r_per_offset"]
+        near = [o for o in want if abs(int(o) - ref.offset) <= CURVE]
+        assert max(abs(got[o] - want[o]) for o in near) < R_TOL, report
