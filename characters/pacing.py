@@ -66,6 +66,7 @@ on its original schedule, with the jitter buffer's full slack (removing the gap 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -76,6 +77,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 CLEARED = "\x00cleared"  # ledger owner of speech taken by the generator before an interruption
+log = logging.getLogger(__name__)
 
 
 class PacingConfig(BaseModel):
@@ -530,6 +532,11 @@ class Playout:
             if self._stalled:
                 self._stall_total += now - self._stall_since
                 self._n["late"] += 1
+                made = None if chunk.submitted is None else chunk.arrived - chunk.submitted
+                log.warning("late chunk %d (%s): the viewer saw a held frame for %.3f s; it took %s s from submit to "
+                            "here, submitted %.3f s before its boundary", chunk.index,
+                            "speech" if chunk.speech else "idle", now - self._stall_since,
+                            "?" if made is None else f"{made:.3f}", chunk.early_s)
             self._stalled = False
             self._trim_idle(chunk, 0.0 if late else now - chunk.arrived, now)
             if not chunk.speech and (fit := self._fs(self._vc + chunk.count) - self._w) > 0 and fit != chunk.pcm.size:

@@ -1,0 +1,105 @@
+"""The `57b` speech latency budget: agent speech -> heard at the viewer, built from measured stage times.
+
+    python scripts/latency_budget.py                       # writes benchmarks/latency_budget_57b.json
+    python scripts/latency_budget.py --cpu-run benchmarks/latency_cpu_ray.json
+
+The same definition as `scripts/bench_latency.py` (the agent's first speech sample -> the first audio of it at
+a plain LiveKit subscriber), with the same chunk path (`deployments.pipeline.graph.run_chunk_loop`: a chunk whose
+audio is queued goes at once; the first speech after idle plays as soon as it reaches the room,
+`characters.pacing` speech onsets). No `57b` session has run end to end on 4 or 3 DiT GPUs (no machine of that
+size was lent), so each row adds up parts measured apart, p50 each:
+
+- agent -> the room and the wait for a full window of speech: the CPU run's (`--cpu-run`, the embedded default
+  through the real pipeline on 2 cores; a GPU host's free cores only make these shorter);
+- the wait for the DiT: the onset chunk queues behind the chunk the DiT is making. The DiT is busy rho = dit /
+  chunk of the time, so for speech arriving at a random time the wait is 0 with probability 1 - rho, else
+  uniform over (0, dit): its median is dit * (rho - 1/2) / rho (0 when rho <= 1/2);
+- the DiT rank step (one rank's compute; the collectives of 3 and 4 ranks were never measured: a floor),
+  the NCCL latent handoff, the decoder, the room's publish call (`benchmarks/h200*/`);
+- the onset's slack (`ServiceConfig.onset_slack_ms`) and its start on the frame grid (half a frame, median);
+- publish -> heard: the CPU run's (the audio lead of the playout, the LiveKit server, the subscriber's jitter
+  buffer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK_MS = 4 / 24 * 1e3
+TARGET_MS = 350.0
+ONSET_SLACK_MS = 20.0  # ServiceConfig.onset_slack_ms default
+FRAME_MS = 1e3 / 24
+
+
+def dit_wait_ms(dit_ms: float) -> float:
+    """Median wait of speech arriving at a random time for a DiT that is busy dit / chunk of the time."""
+    rho = min(1.0, dit_ms / CHUNK_MS)
+    return 0.0 if rho <= 0.5 else dit_ms * (rho - 0.5) / rho
+
+
+def load(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
+
+
+def fp8_row(path: Path, variant: str) -> float:
+    return float(next(r["ms_p50"] for r in load(path)["rows"] if r["variant"] == variant))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-run", type=Path, default=ROOT / "benchmarks" / "latency_cpu_ray.json",
+                    help="a scripts/bench_latency.py --generator ray JSON (the host-side parts)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_budget_57b.json")
+    args = ap.parse_args()
+    b = ROOT / "benchmarks"
+    cpu = load(args.cpu_run)["split"]
+    pipeline = load(b / "h200x2" / "pipeline_57b_L15_1p1.json")["variants"][0]["sessions"][0]["stage_ms"]
+    decode = float(load(b / "h200" / "decoder_57b.json")["ms"]["windows_graph_bench"])
+    sources = {
+        "host_parts": str(args.cpu_run.relative_to(ROOT) if args.cpu_run.is_relative_to(ROOT) else args.cpu_run),
+        "decode": "benchmarks/h200/decoder_57b.json (windows_graph_bench)",
+        "handoff, publish": "benchmarks/h200x2/pipeline_57b_L15_1p1.json (depth 2)",
+    }
+    topologies = [
+        ("4 + 1, bf16", float(load(b / "h200" / "step_57b_h100x5_rank.json")["modes"]["write_time"]["ms_p50"]),
+         "benchmarks/h200/step_57b_h100x5_rank.json (write_time)"),
+        ("4 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp4_fp8.json", "sp:fp8:bf16"),
+         "benchmarks/h200/step_57b_tp4_fp8.json (sp:fp8:bf16)"),
+        ("3 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:bf16"),
+         "benchmarks/h200/step_57b_tp3_fp8.json (sp:fp8:bf16)"),
+    ]
+    host_in = (cpu["agent_to_room_s"]["p50"] + cpu["boundary_s"]["p50"]) * 1e3
+    network = cpu["network_s"]["p50"] * 1e3
+    rows = []
+    for name, dit, source in topologies:
+        parts = {
+            "agent_to_room_and_window_ms": host_in,
+            "wait_for_dit_ms": dit_wait_ms(dit),
+            "dit_ms": dit,
+            "handoff_ms": float(pipeline["handoff"]),
+            "decode_ms": decode,
+            "publish_ms": float(pipeline["publish"]),
+            "onset_slack_and_frame_grid_ms": ONSET_SLACK_MS + FRAME_MS / 2,
+            "publish_to_heard_ms": network,
+        }
+        total = sum(parts.values())
+        rows.append({"topology": name, "dit_source": source, **{k: round(v, 1) for k, v in parts.items()},
+                     "total_ms": round(total, 1), "target_ms": TARGET_MS, "met": total <= TARGET_MS})
+    result = {"command": " ".join(["python", *sys.argv]), "definition": __doc__, "sources": sources, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    keys = [k for k in rows[0] if k.endswith("_ms") and k not in ("total_ms", "target_ms")]
+    print(f"{'57b, ms (p50)':<22}" + "".join(f"{k.removesuffix('_ms')[:12]:>13}" for k in keys) + f"{'total':>8}")
+    for r in rows:
+        print(f"{r['topology']:<22}" + "".join(f"{r[k]:>13.1f}" for k in keys)
+              + f"{r['total_ms']:>8.1f}" + ("" if r["met"] else "  > 350"))
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
