@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,6 +65,15 @@ def prioritize(nice: int) -> int | None:
     except (PermissionError, AttributeError):
         return None
     return nice
+
+
+def prioritize_thread(nice: int) -> bool:
+    """Set the calling thread to `nice`; False when the OS refused (see `prioritize`)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (PermissionError, AttributeError):
+        return False
+    return True
 
 
 def cpu_model() -> str:

@@ -150,10 +150,12 @@ def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, 
             spec = SessionSpec(sid, image, preset=args.preset, output=OutputSpec("null"),
                                max_duration_s=args.seconds, seed=int(sid[1:]))
             ray.get(sched.create_session.remote(spec))
-        started = {sid: wait_until(sched, sid, {SessionStatus.RUNNING}, t0 + args.start_timeout, since=t0)
-                   for sid in ids}
+        started, slots = {}, {}
+        for sid in ids:  # each session's slot is read as soon as it runs: a short session may end before the next runs
+            started[sid] = wait_until(sched, sid, {SessionStatus.RUNNING}, t0 + args.start_timeout, since=t0)
+            slots.update({s: slot for slot in ray.get(sched.debug_slots.remote()) for s in slot["sessions"]
+                          if s == sid})
         build_s = time.monotonic() - t0
-        slots = {sid: s for s in ray.get(sched.debug_slots.remote()) for sid in s["sessions"]}
         gpus = {sid: {"dit": [held_gpus(a) for a in slots[sid]["actors"][:args.dit_ranks]],
                       "decoder": held_gpus(slots[sid]["actors"][args.dit_ranks])} for sid in ids if sid in slots}
         built = {sid: {"dit0": worker_stages(slots[sid]["actors"][0]),

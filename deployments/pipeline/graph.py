@@ -242,6 +242,7 @@ def run_chunk_loop(
     ready: Callable[[int], int] | None = None,
     lead_chunks: float = 0.0,
     onsets: bool = True,
+    urgent_chunks: int = 3,
 ) -> LoopResult:
     """Submit chunk k at its boundary t0 + (k - first_chunk) * chunk_s (against `clock`), keep `depth` chunks in
     flight, hand each report and its submit time to `on_report`. Stops on `stop_reason()`, at `max_duration_s`,
@@ -256,12 +257,16 @@ def run_chunk_loop(
     arrives, cutting idle content ahead of it, and its report says how much (`ChunkReport.cut_s`); the
     boundaries move that much earlier, so the chunks after it keep the slack they had. So speech waits neither
     for the next boundary nor behind the jitter buffer (`characters.pacing`, speech onsets). `onsets=False`: none
-    is marked."""
+    is marked. Chunks without speech, an onset and the `urgent_chunks` - 1 chunks after it are urgent
+    (`ChunkInput.urgent`): the DiT makes them at the chunk path's raised priority (an onset, through the agent's
+    burst, and the idle chunk it may queue behind); the rest of the speech at its own, so that an agent on the
+    same cores answers an interruption within a chunk."""
     started = t0 = clock()
     k = first_chunk
     inflight: deque[float] = deque()  # submit times
     reason: str | None = None
     spoke = False  # the last chunk submitted held speech
+    urgent = 0  # chunks still to mark urgent
     lead_s = lead_chunks * chunk_s
     try:
         while True:
@@ -280,8 +285,10 @@ def run_chunk_loop(
             speech = bool(pcm.any())  # speech is never exactly 0.0 (the room nudges zeros), padding always is
             onset = onsets and speech and not spoke and full >= 2
             spoke = speech
+            urgent = urgent_chunks if onset else max(0, urgent - 1)
             submitted = clock()  # before submit: the workers may start on it before submit returns
-            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, max(0.0, due - submitted)))
+            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, max(0.0, due - submitted),
+                                       urgent > 0 or not speech))
             inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:

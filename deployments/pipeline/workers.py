@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from characters.config import SessionConfig
-from characters.cpu import prioritize
+from characters.cpu import prioritize, prioritize_thread
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.pacing import SegmentEvent
 from characters.process_group import free_port, join
@@ -62,6 +62,7 @@ class ChunkInput:
     submitted_at: float | None = None  # when the chunk loop took this audio (time.monotonic: the slot's node)
     onset: bool = False  # the first speech after idle chunks: the room plays it at once (`run_chunk_loop`)
     early_s: float = 0.0  # submitted this long before its boundary (its window was full): not slack of the pipeline
+    urgent: bool = False  # an onset or just after it: the DiT makes it at the chunk path's raised priority
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,11 @@ class DiTWorker:
         process's nice value (`realtime`)."""
         if not 0 <= rank < ranks:
             raise ValueError(f"rank={rank} must be in [0, ranks={ranks})")
-        realtime(nice, f"DiT rank {rank}")
+        # the DiT, the heaviest of the chunk path, raises its priority only for urgent chunks (an onset and the
+        # chunks just after it): at nice -10 throughout it left a voice agent on the same cores too little to
+        # answer an interruption within a chunk (measured: docs/operations.md)
+        self.urgent_nice, self._calm_nice = nice, os.getpriority(os.PRIO_PROCESS, 0)
+        self._urgent = False
         self.cfg, self.rank, self.ranks = cfg, rank, ranks
         self.use_gpus, self.auto_dtype = use_gpus, auto_dtype
         self.cpu_threads = cpu_threads or cfg.topology.dit_cpu_threads
@@ -253,6 +258,9 @@ class DiTWorker:
                 f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk}, got session "
                 f"{inp.session_id!r} chunk {inp.chunk}; start the session on this worker first"
             )
+        if (self.urgent_nice is not None and inp.urgent != self._urgent
+                and prioritize_thread(self.urgent_nice if inp.urgent else self._calm_nice)):
+            self._urgent = inp.urgent
         rec = runner.recorder
         t0 = time.time_ns()
         latents = runner.step(inp.pcm)  # (1, C, Cf, h, w) float32

@@ -186,6 +186,10 @@ def test_speech_goes_when_its_window_is_full_not_at_the_next_boundary_and_an_ons
     after = [i for i in ins if i.chunk >= 8]
     assert after and all(i.submitted_at == pytest.approx(i.chunk * CHUNK_S - 0.125) for i in after)
     assert sum(i.onset for i in ins) == 1
+    # urgent: the idle chunks, the onset and the two chunks after it (all of this short speech)
+    assert all(i.urgent for i in ins)
+    long = agent_loop([(t_speech, 16000)], cut_s=0.125, max_s=2.5).submitted  # 1 s of speech: 6 windows
+    assert [i.urgent for i in long if i.pcm.any()] == [True, True, True, False, False, False]
 
 
 def test_speech_at_real_time_goes_when_its_window_fills_but_is_no_onset_and_a_partial_window_waits() -> None:

@@ -235,3 +235,25 @@ def test_room_reports_the_real_playouts_late_chunks_when_its_output_has_one(cfg:
         reports.append(room.publish(ChunkInput("s", k, pcm(k)), Frames("s", k, frames)))
     assert [r.late for r in reports] == [False, True, False, True]
     assert [r.lateness_s for r in reports] == pytest.approx([0.0, 0.05, 0.0, 0.12])
+
+
+def test_the_dit_raises_its_priority_for_urgent_chunks_only(workers: tuple[DiTWorker, DecoderWorker],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An onset (and the chunks just after it, and idle ones) at the chunk path's nice value, the rest of the speech
+    at the worker's own: the thread's priority changes only when the urgency does."""
+    from deployments.pipeline import workers as module
+
+    dit, dec = workers
+    asked: list[int] = []
+    monkeypatch.setattr(module, "prioritize_thread", lambda nice: asked.append(nice) or True)
+    assert DiTWorker(session_config("tiny", "cpu", model=SMALL)).urgent_nice is None  # none asked: never changes
+    monkeypatch.setattr(dit, "urgent_nice", -10)
+    calm = dit._calm_nice
+    image = np.full((64, 96, 3), 128, np.uint8)
+    ref = dec.encode_reference("u", image)
+    dit.start("u", ref, seed=1)
+    for k, urgent in enumerate([True, True, False, False, True]):
+        dit.step(ChunkInput("u", k, pcm(k), urgent=urgent))
+    assert asked == [-10, calm, -10]
+    dit.step(ChunkInput("u", 5, pcm(5)))  # back to calm for the next test
+    dit.reset()
