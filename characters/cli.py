@@ -50,7 +50,7 @@ def _demo(args: argparse.Namespace) -> int:
                          dtype="float32" if args.device == "cpu" else "bfloat16", model=overrides, weights=weights)
     try:
         report = run_demo(cfg, out=args.out, image=args.image, audio=args.audio, seconds=args.seconds,
-                          realtime=args.realtime, device=args.device,
+                          realtime=args.realtime, device=args.device, settle=True,
                           on_calibration=lambda cal: print(f"characters demo: {cal.advice()}", file=sys.stderr,
                                                            flush=True))
     except (MediaError, FileNotFoundError, ValueError) as err:

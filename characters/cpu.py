@@ -12,6 +12,11 @@ core the stages run one after the other on the caller's thread. Each stage's CPU
 inherit it): the chunk path's workers are real-time work beside a voice agent, a LiveKit server and a viewer
 on the same cores. Below 0 it needs CAP_SYS_NICE (root in most containers); without it nothing changes.
 
+`freeze_heap(name)` takes what a warm process built (modules, weights, Ray's and LiveKit's state: ~240k objects
+in a worker) out of the garbage collector's reach: a full collection over them held the interpreter for
+130-150 ms on the 2-core EPYC, most of a chunk's budget, at moments nothing chose. From then on a collection
+slower than `GC_PAUSE_WARN_S` is logged with how long it took.
+
 `calibrate` times a few chunks of silence through such a pipeline and says whether this machine, as loaded
 now, keeps up with the chunk budget (166.7 ms at 24 fps for 4 frames); `characters demo --realtime` prints
 its advice before it starts (it warns, it never refuses).
@@ -19,6 +24,8 @@ its advice before it starts (it warns, it never refuses).
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import platform
 import statistics
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
 
 # chunk time / budget above which `calibrate` warns: the rest is the slack for other programs' bursts
 WARN_SHARE = 0.8
+GC_PAUSE_WARN_S = 0.02  # a garbage collection this long is logged (`freeze_heap`)
+log = logging.getLogger(__name__)
 
 
 def cores() -> int:
@@ -74,6 +83,43 @@ def prioritize_thread(nice: int) -> bool:
     except (PermissionError, AttributeError):
         return False
     return True
+
+
+class GcPauses:
+    """A `gc.callbacks` entry: counts collections of this process that took `GC_PAUSE_WARN_S` or longer and logs
+    each (they hold the interpreter, so every thread of the process waits)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.slow, self.longest_s = name, 0, 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        if took >= GC_PAUSE_WARN_S:
+            self.slow += 1
+            self.longest_s = max(self.longest_s, took)
+            log.warning("%s: a generation-%d garbage collection held the interpreter for %.0f ms (%d collectable)",
+                        self.name, info.get("generation", -1), took * 1e3, info.get("collected", 0))
+
+
+_gc_pauses: GcPauses | None = None
+
+
+def freeze_heap(name: str) -> GcPauses:
+    """Call once a process of the chunk path is warm (weights loaded, shapes run, its libraries imported): collect,
+    then freeze everything left (`gc.freeze`: never scanned again, never freed), and log slow collections from
+    then on. Later collections scan only what was made since. Objects of a session must not be frozen (a cycle
+    among them would never be freed): call it at start-up, not per session. Returns the process's pause counter."""
+    global _gc_pauses
+    gc.collect()
+    gc.freeze()
+    if _gc_pauses is None:
+        _gc_pauses = GcPauses(name)
+        gc.callbacks.append(_gc_pauses)
+    return _gc_pauses
 
 
 def cpu_model() -> str:

@@ -23,7 +23,7 @@ import numpy as np
 
 from characters.audio import SAMPLE_AUDIO, load_audio
 from characters.config import SessionConfig
-from characters.cpu import Calibration, StagePipeline, calibrate
+from characters.cpu import Calibration, StagePipeline, calibrate, freeze_heap
 from characters.engine import CharacterEngine
 from characters.media import SAMPLE_IMAGE, Mp4Writer, load_image
 
@@ -59,9 +59,11 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
              seconds: float = 10.0, realtime: bool = False, device: str = "cpu",
              clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
              on_chunk: Callable[[int, float], None] | None = None, overlap: bool | None = None,
-             on_calibration: Callable[[Calibration], None] | None = None) -> DemoReport:
+             on_calibration: Callable[[Calibration], None] | None = None, settle: bool = False) -> DemoReport:
     """`overlap`: run the DiT of chunk k+1 beside the decode of chunk k (default: when 2+ cores are ours).
-    `on_calibration` hears the calibration (realtime runs only) before the session starts."""
+    `on_calibration` hears the calibration (realtime runs only) before the session starts. `settle`: this
+    process is the demo's own; once warm, take what it built out of the garbage collector's reach
+    (`characters.cpu.freeze_heap`)."""
     m = cfg.model
     g = m.generation
     picture = load_image(image or SAMPLE_IMAGE, g.height, g.width)
@@ -72,6 +74,8 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
     cal = calibrate(engine, picture, overlap=overlap) if realtime else None
     if cal is not None and on_calibration is not None:
         on_calibration(cal)
+    if settle:
+        freeze_heap("demo")
 
     def chunk_pcm(k: int) -> np.ndarray:
         a, b = engine.chunk_samples(k)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -225,6 +226,7 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
             stop_local()
         if livekit is not None:
             livekit.stop()
+            shutil.rmtree(livekit.workdir, ignore_errors=True)  # its config and log: made for this run only
     return 0
 
 

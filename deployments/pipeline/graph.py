@@ -259,8 +259,10 @@ def run_chunk_loop(
     for the next boundary nor behind the jitter buffer (`characters.pacing`, speech onsets). `onsets=False`: none
     is marked. Chunks without speech, an onset and the `urgent_chunks` - 1 chunks after it are urgent
     (`ChunkInput.urgent`): the DiT makes them at the chunk path's raised priority (an onset, through the agent's
-    burst, and the idle chunk it may queue behind); the rest of the speech at its own, so that an agent on the
-    same cores answers an interruption within a chunk."""
+    burst, and the idle chunk it may queue behind); so is speech taken less than a chunk before its boundary (its
+    audio came at about real time, or the pipeline fell behind: no run-ahead to spare). The rest of the speech,
+    made a chunk or more ahead, at the DiT's own priority, so that an agent on the same cores answers an
+    interruption within a chunk."""
     started = t0 = clock()
     k = first_chunk
     inflight: deque[float] = deque()  # submit times
@@ -287,8 +289,9 @@ def run_chunk_loop(
             spoke = speech
             urgent = urgent_chunks if onset else max(0, urgent - 1)
             submitted = clock()  # before submit: the workers may start on it before submit returns
-            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, max(0.0, due - submitted),
-                                       urgent > 0 or not speech))
+            early = max(0.0, due - submitted)
+            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, early,
+                                       urgent > 0 or not speech or early < chunk_s))
             inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:

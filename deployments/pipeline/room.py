@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from characters.config import SessionConfig
+from characters.cpu import freeze_heap
 from characters.media import Mp4Writer
 from characters.pacing import SegmentEvent
 from characters.telemetry import StageTime
@@ -229,6 +230,14 @@ class RoomWorker:
 
     def reset(self) -> None:
         self.close()
+
+    def settle(self) -> None:
+        """Import what a LiveKit session uses, then take what this process built out of the garbage collector's
+        reach (`characters.cpu.freeze_heap`): nothing of a session yet, so nothing of one is frozen."""
+        import deployments.livekit.publisher
+        import deployments.livekit.sink  # noqa: F401  # with the LiveKit SDK and its FFI bindings
+
+        freeze_heap("room")
 
     def ping(self) -> str:
         return "room"

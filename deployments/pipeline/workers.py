@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from characters.config import SessionConfig
-from characters.cpu import prioritize, prioritize_thread
+from characters.cpu import freeze_heap, prioritize, prioritize_thread
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.pacing import SegmentEvent
 from characters.process_group import free_port, join
@@ -62,7 +62,7 @@ class ChunkInput:
     submitted_at: float | None = None  # when the chunk loop took this audio (time.monotonic: the slot's node)
     onset: bool = False  # the first speech after idle chunks: the room plays it at once (`run_chunk_loop`)
     early_s: float = 0.0  # submitted this long before its boundary (its window was full): not slack of the pipeline
-    urgent: bool = False  # an onset or just after it: the DiT makes it at the chunk path's raised priority
+    urgent: bool = False  # idle, an onset or just after it, or little run-ahead: the DiT raises its priority for it
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,9 @@ class DiTWorker:
         process's nice value (`realtime`)."""
         if not 0 <= rank < ranks:
             raise ValueError(f"rank={rank} must be in [0, ranks={ranks})")
-        # the DiT, the heaviest of the chunk path, raises its priority only for urgent chunks (an onset and the
-        # chunks just after it): at nice -10 throughout it left a voice agent on the same cores too little to
-        # answer an interruption within a chunk (measured: docs/operations.md)
+        # the DiT, the heaviest of the chunk path, raises its priority only for urgent chunks (`run_chunk_loop`:
+        # all but speech made a chunk or more ahead): at nice -10 throughout it left a voice agent on the same
+        # cores too little to answer an interruption within a chunk (measured: docs/operations.md)
         self.urgent_nice, self._calm_nice = nice, os.getpriority(os.PRIO_PROCESS, 0)
         self._urgent = False
         self.cfg, self.rank, self.ranks = cfg, rank, ranks
@@ -237,6 +237,10 @@ class DiTWorker:
 
     def stages(self) -> dict[str, float]:
         return dict(self.timer.seconds)
+
+    def settle(self) -> None:
+        """Warm: take what this process built out of the garbage collector's reach (`characters.cpu.freeze_heap`)."""
+        freeze_heap(f"DiT rank {self.rank}")
 
     def start(self, session_id: str, reference: Latents, seed: int) -> None:
         """Begin a session: wipe state, fill the sink with the reference latent (1, C, h, w)."""
@@ -345,6 +349,10 @@ class DecoderWorker:
 
     def stages(self) -> dict[str, float]:
         return dict(self.timer.seconds)
+
+    def settle(self) -> None:
+        """Warm: take what this process built out of the garbage collector's reach (`characters.cpu.freeze_heap`)."""
+        freeze_heap("decoder")
 
     def encode_reference(self, session_id: str, image: np.ndarray) -> Latents:
         """(H, W, 3) uint8 reference image -> the reference latent message for every DiT rank. An image this

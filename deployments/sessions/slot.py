@@ -146,6 +146,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         await _all((w.load_weights.remote() for w in [*slot.dits, slot.decoder]), limit, "load_weights")
         await _all((w.warm_up.remote() for w in [*slot.dits, slot.decoder]), limit, "warm_up")
         stages = await _all((w.stages.remote() for w in [*slot.dits, slot.decoder]), limit, "stages")
+        await _all((w.settle.remote() for w in slot.actors()), limit, "settle")  # warm: out of the GC's reach
         await _all([slot.driver.warm_up.remote()], limit, "compile")  # the chunk graph, for every session
         slot.stages = {f"dit{r}": s for r, s in enumerate(stages[:ranks])} | {"decoder": stages[-1]}
         slot.node_id = node_of(pg) or node_id

@@ -11,6 +11,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -86,6 +87,7 @@ def characters_serve(work: Path, config: str = "service: {queue_max: 1, warm_slo
     environ = {**os.environ, "RAY_ADDRESS": "", "CHARACTERS_API_KEYS": ",".join(
         f"{name}{'@operator' if name == 'ops' else ''}:{key}" for name, key in keys.items()), **(env or {})}
     log_path = work / "serve.log"
+    before = set(Path(tempfile.gettempdir()).glob("characters-livekit-*"))  # the dev server's config and log
     with log_path.open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "deployments.cli.serve", "--config", str(work / "serve.yaml"),
                                  "--port", str(port), "--grpc-port", "0", "--livekit-dev", "--livekit-port",
@@ -109,3 +111,5 @@ def characters_serve(work: Path, config: str = "service: {queue_max: 1, warm_slo
                     proc.kill()
                     proc.wait()
     assert proc.returncode == 0, log_path.read_text()[-4000:]
+    left = set(Path(tempfile.gettempdir()).glob("characters-livekit-*")) - before
+    assert not left, f"characters serve left its LiveKit server's files behind: {sorted(left)}"

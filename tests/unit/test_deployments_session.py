@@ -190,6 +190,7 @@ def test_speech_goes_when_its_window_is_full_not_at_the_next_boundary_and_an_ons
     assert all(i.urgent for i in ins)
     long = agent_loop([(t_speech, 16000)], cut_s=0.125, max_s=2.5).submitted  # 1 s of speech: 6 windows
     assert [i.urgent for i in long if i.pcm.any()] == [True, True, True, False, False, False]
+    assert all(i.early_s >= CHUNK_S for i in long[7:10])  # the calm ones were made a chunk or more ahead
 
 
 def test_speech_at_real_time_goes_when_its_window_fills_but_is_no_onset_and_a_partial_window_waits() -> None:
@@ -201,6 +202,8 @@ def test_speech_at_real_time_goes_when_its_window_fills_but_is_no_onset_and_a_pa
     assert ins[3].submitted_at == pytest.approx(3 * CHUNK_S) and ins[3].pcm.all()
     assert not any(i.onset for i in ins)
     assert all(i.submitted_at <= i.chunk * CHUNK_S + 1e-9 for i in ins)  # none after its boundary: none moved
+    # speech at real time runs no chunk ahead: urgent, every chunk of it
+    assert [i.urgent for i in ins if i.pcm.any()] == [True] * sum(bool(i.pcm.any()) for i in ins) != []
     w = 2667  # chunk 4's window (chunk_sample_range(4, 4)), all at once: a burst, so an onset
     pipe = agent_loop([(3 * CHUNK_S + 0.05, w)], cut_s=0.125, max_s=1.5)
     assert pipe.submitted[4].submitted_at == pytest.approx(3 * CHUNK_S + 0.05) and pipe.submitted[4].onset
