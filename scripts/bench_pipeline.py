@@ -150,16 +150,17 @@ def run_variant(args: argparse.Namespace, layout: str, depth: int) -> dict[str, 
             spec = SessionSpec(sid, image, preset=args.preset, output=OutputSpec("null"),
                                max_duration_s=args.seconds, seed=int(sid[1:]))
             ray.get(sched.create_session.remote(spec))
-        started, slots = {}, {}
-        for sid in ids:  # each session's slot is read as soon as it runs: a short session may end before the next runs
+        started, gpus, built = {}, {}, {}
+        for sid in ids:  # each session's slot is asked as soon as it runs: a short session (and with it its slot,
+            # without warm slots) may be gone by the time the next one runs
             started[sid] = wait_until(sched, sid, {SessionStatus.RUNNING}, t0 + args.start_timeout, since=t0)
-            slots.update({s: slot for slot in ray.get(sched.debug_slots.remote()) for s in slot["sessions"]
-                          if s == sid})
-        build_s = time.monotonic() - t0
-        gpus = {sid: {"dit": [held_gpus(a) for a in slots[sid]["actors"][:args.dit_ranks]],
-                      "decoder": held_gpus(slots[sid]["actors"][args.dit_ranks])} for sid in ids if sid in slots}
-        built = {sid: {"dit0": worker_stages(slots[sid]["actors"][0]),
-                       "decoder": worker_stages(slots[sid]["actors"][args.dit_ranks])} for sid in ids if sid in slots}
+            for slot in ray.get(sched.debug_slots.remote()):
+                if sid in slot["sessions"]:
+                    actors = slot["actors"]
+                    gpus[sid] = {"dit": [held_gpus(a) for a in actors[:args.dit_ranks]],
+                                 "decoder": held_gpus(actors[args.dit_ranks])}
+                    built[sid] = {"dit0": worker_stages(actors[0]), "decoder": worker_stages(actors[args.dit_ranks])}
+        build_s = max(since for _, since in started.values())  # the last session running: every slot built
         ended = {sid: wait_until(sched, sid, {SessionStatus.ENDED, SessionStatus.FAILED},
                                  time.monotonic() + args.seconds + 300) for sid in ids}
         sessions = []

@@ -234,9 +234,11 @@ class RoomWorker:
     def settle(self) -> None:
         """Import what a LiveKit session uses, then take what this process built out of the garbage collector's
         reach (`characters.cpu.freeze_heap`): nothing of a session yet, so nothing of one is frozen."""
-        import deployments.livekit.publisher
-        import deployments.livekit.sink  # noqa: F401  # with the LiveKit SDK and its FFI bindings
-
+        try:
+            import deployments.livekit.publisher
+            import deployments.livekit.sink  # noqa: F401  # with the LiveKit SDK and its FFI bindings
+        except ImportError:  # an image without the LiveKit SDK (the GPU machine's): its sessions never use it
+            pass
         freeze_heap("room")
 
     def ping(self) -> str:
