@@ -14,7 +14,7 @@ on the same cores. Below 0 it needs CAP_SYS_NICE (root in most containers); with
 
 `freeze_heap(name)` takes what a warm process built (modules, weights, Ray's and LiveKit's state: ~240k objects
 in a worker) out of the garbage collector's reach: a full collection over them held the interpreter for
-130-150 ms on the 2-core EPYC, most of a chunk's budget, at moments nothing chose. From then on a collection
+130-150 ms on the 2-core EPYC, most of a chunk's budget, whenever the collector chose. From then on a collection
 slower than `GC_PAUSE_WARN_S` is logged with how long it took.
 
 `calibrate` times a few chunks of silence through such a pipeline and says whether this machine, as loaded
@@ -110,9 +110,10 @@ _gc_pauses: GcPauses | None = None
 
 def freeze_heap(name: str) -> GcPauses:
     """Call once a process of the chunk path is warm (weights loaded, shapes run, its libraries imported): collect,
-    then freeze everything left (`gc.freeze`: never scanned again, never freed), and log slow collections from
-    then on. Later collections scan only what was made since. Objects of a session must not be frozen (a cycle
-    among them would never be freed): call it at start-up, not per session. Returns the process's pause counter."""
+    then freeze everything left (`gc.freeze`: never scanned again, freed by reference counting only), and log slow
+    collections from then on. Later collections scan only what was made since. Objects of a session must not be
+    frozen (a cycle among them would never be freed): call it at start-up, not per session. Returns the process's
+    pause counter."""
     global _gc_pauses
     gc.collect()
     gc.freeze()
