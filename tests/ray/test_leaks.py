@@ -58,6 +58,11 @@ def pid_of(actor: Any) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=30))
 
 
+def frozen(actor: Any) -> int:
+    """Objects the actor's process froze out of the garbage collector's reach (`characters.cpu.freeze_heap`)."""
+    return int(ray.get(actor.__ray_call__.remote(lambda _self: __import__("gc").get_freeze_count()), timeout=30))
+
+
 def snapshot(processes: dict[str, int]) -> dict[str, Any]:
     gc.collect()
     me = psutil.Process()
@@ -99,10 +104,14 @@ def run() -> dict[str, Any]:
         procs = {"scheduler": pid_of(sched), "dit": pid_of(slot["actors"][0]), "decoder": pid_of(slot["actors"][1]),
                  "room": pid_of(slot["actors"][2]), "session": pid_of(slot["driver"])}
         out["base_actors"], out["base_pgs"], out["trail"] = alive_actors(), live_pgs(), [snapshot(procs)]
+        actors = {"dit": slot["actors"][0], "decoder": slot["actors"][1], "room": slot["actors"][2],
+                  "session": slot["driver"]}
+        out["frozen"] = [{name: frozen(a) for name, a in actors.items()}]
         for i in range(1, SESSIONS + 1):
             one_session(sched, service, i, slot["driver"])
             out["trail"].append(snapshot(procs))
         assert info(sched, f"s{SESSIONS}").stats.chunks >= 4
+        out["frozen"].append({name: frozen(a) for name, a in actors.items()})
         (after,) = slots(sched)
         out["same_slot"] = after["slot_id"] == slot["slot_id"]  # the same warm slot served every session
         out["same_driver"] = after["driver"]._actor_id == slot["driver"]._actor_id  # and the same session actor
@@ -148,6 +157,15 @@ def test_sessions_back_to_back_leave_no_actor_group_thread_or_fd(run: dict[str, 
         assert last[name]["threads"] - first[name]["threads"] <= 2, (name, first[name], last[name])
     for name in ("driver", "scheduler"):
         assert last[name]["fds"] - first[name]["fds"] <= 2, (name, first[name], last[name])
+
+
+def test_every_slot_process_froze_its_warm_heap_and_nothing_of_a_session(run: dict[str, Any]) -> None:
+    """Built, each process of the slot froze what it had (tens of thousands of objects: modules, weights, Ray's
+    state); its sessions after froze nothing more (a frozen cycle would never be freed)."""
+    first, last = run["frozen"]
+    for name, count in first.items():
+        assert count >= 50_000, (name, first)
+        assert last[name] <= count, (name, first, last)
 
 
 def test_driver_and_scheduler_memory_stays_flat(run: dict[str, Any]) -> None:
