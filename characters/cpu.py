@@ -86,11 +86,11 @@ def prioritize_thread(nice: int) -> bool:
 
 
 class GcPauses:
-    """A `gc.callbacks` entry: counts collections of this process that took `GC_PAUSE_WARN_S` or longer and logs
-    each (they hold the interpreter, so every thread of the process waits)."""
+    """A `gc.callbacks` entry: logs each collection of this process that took `GC_PAUSE_WARN_S` or longer (it
+    held the interpreter, so every thread of the process waited)."""
 
     def __init__(self, name: str) -> None:
-        self.name, self.slow, self.longest_s = name, 0, 0.0
+        self.name = name
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
@@ -99,8 +99,6 @@ class GcPauses:
             return
         took = time.perf_counter() - self._started
         if took >= GC_PAUSE_WARN_S:
-            self.slow += 1
-            self.longest_s = max(self.longest_s, took)
             log.warning("%s: a generation-%d garbage collection held the interpreter for %.0f ms (%d collectable)",
                         self.name, info.get("generation", -1), took * 1e3, info.get("collected", 0))
 
@@ -108,19 +106,17 @@ class GcPauses:
 _gc_pauses: GcPauses | None = None
 
 
-def freeze_heap(name: str) -> GcPauses:
+def freeze_heap(name: str) -> None:
     """Call once a process of the chunk path is warm (weights loaded, shapes run, its libraries imported): collect,
     then freeze everything left (`gc.freeze`: never scanned again, freed by reference counting only), and log slow
     collections from then on. Later collections scan only what was made since. Objects of a session must not be
-    frozen (a cycle among them would never be freed): call it at start-up, not per session. Returns the process's
-    pause counter."""
+    frozen (a cycle among them would never be freed): call it at start-up, not per session."""
     global _gc_pauses
     gc.collect()
     gc.freeze()
     if _gc_pauses is None:
         _gc_pauses = GcPauses(name)
         gc.callbacks.append(_gc_pauses)
-    return _gc_pauses
 
 
 def cpu_model() -> str:

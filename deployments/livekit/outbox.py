@@ -31,7 +31,6 @@ class SpeechOutbox:
         None: no session, only `deliver`); `batch_samples`: a chunk's window; `spawn(coro, name)`: run a task the
         owner awaits on close."""
         self.push, self.deliver, self.batch_samples, self.spawn = push, deliver, batch_samples, spawn
-        self.pushes = 0
         self._items: list[Item] = []
         self._pushing = False
         self._timer: asyncio.TimerHandle | None = None
@@ -72,7 +71,6 @@ class SpeechOutbox:
         items, self._items = self._items, []
         pcm16 = b"".join(p for _, p in items if p)
         if pcm16 and self.push is not None:
-            self.pushes += 1
             try:
                 result = self.push(pcm16)
             except Exception as e:  # noqa: BLE001 (a failing handler must not stop the room)
