@@ -135,7 +135,8 @@ def main() -> None:
             decoders[kind] = decoder_only({"model": {"vae": {"decoder_output": kind}}, "weights": "random"},
                                           args.chunks, args.warmup)
     result = {
-        "command": " ".join(["python", *sys.argv]), "preset": "tiny", "cpu_model": cpu_model(), "cores": cores(),
+        "command": " ".join(["python", *sys.argv]), "preset": "tiny",
+        "denoising_steps": cfg.model.generation.denoising_steps, "cpu_model": cpu_model(), "cores": cores(),
         "cpu_count": os.cpu_count(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "load_average_before": load_before, "load_average_after": load_average(),

@@ -11,6 +11,10 @@ Identity. Over a long session, per window of frames: the mean absolute differenc
 mean colour (face box, mouth box excluded) from the reference's, and the PSNR of the frame outside the
 mouth box against the reference. A face that drifts shows both getting worse window after window.
 
+Fidelity (`fidelity`). Against the renderer's own frames of the same clip: the PSNR of the whole frame and of
+the mouth box, and the flicker (mean absolute change from one frame to the next, 0..255) beside the
+ground truth's own.
+
 Everything takes plain arrays (frames (F, H, W, 3) uint8, PCM float32 16 kHz), so any pipeline's output
 (in-process engine, tensor-parallel ranks, a Ray pipeline) can be scored the same way.
 """
@@ -124,3 +128,39 @@ def identity_drift(frames: np.ndarray, identity: Identity, reference: np.ndarray
         out.append(IdentityWindow(s / fps, (s + len(win)) / fps, float(np.abs(face - ref_face).mean()),
                                   float(psnr.mean())))
     return out
+
+
+@dataclass
+class Fidelity:
+    """Generated clips against the renderer's frames of the same clips, means over clips."""
+
+    psnr_db: float  # whole frame
+    mouth_psnr_db: float  # the mouth box
+    flicker: float  # mean |frame f - frame f-1|, 0..255
+    flicker_truth: float  # the same of the ground truth
+    clips: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"psnr_db": self.psnr_db, "mouth_psnr_db": self.mouth_psnr_db, "flicker": self.flicker,
+                "flicker_truth": self.flicker_truth, "clips": self.clips}
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean over frames of the PSNR of (n, ...) frames a against b."""
+    mse = ((a - b) ** 2).reshape(len(a), -1).mean(axis=1)
+    return float(np.mean(10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))))
+
+
+def fidelity(frames: Sequence[np.ndarray], truth: Sequence[np.ndarray], identities: Sequence[Identity]) -> Fidelity:
+    """How close generated clips are to the ground truth's frames (see the module docstring)."""
+    psnr, mouth, flicker, flicker_t = [], [], [], []
+    for gen, real, ident in zip(frames, truth, identities, strict=True):
+        n = min(len(gen), len(real))
+        g, t = gen[:n].astype(np.float64), real[:n].astype(np.float64)
+        top, bot, left, right = mouth_box(ident)
+        psnr.append(_psnr(g, t))
+        mouth.append(_psnr(g[:, top:bot, left:right], t[:, top:bot, left:right]))
+        flicker.append(float(np.abs(np.diff(g, axis=0)).mean()))
+        flicker_t.append(float(np.abs(np.diff(t, axis=0)).mean()))
+    return Fidelity(float(np.mean(psnr)), float(np.mean(mouth)), float(np.mean(flicker)), float(np.mean(flicker_t)),
+                    len(psnr))

@@ -22,7 +22,7 @@ from characters.engine import DecoderRunner, DiTRunner
 from characters.process_group import free_port, join, leave
 from characters.train.data import Clip, load_split, reference_image, render_clip
 from characters.train.evaluate import generate, generate_clips
-from characters.train.lipsync import LipSync, lipsync_score, mouth_signal
+from characters.train.lipsync import LipSync, fidelity, lipsync_score, mouth_signal
 from characters.weights import SHIPPED, resolve_weights
 
 CLIPS = load_split(Path(__file__).parent / "data" / "lipsync_heldout.npz")
@@ -69,6 +69,36 @@ def test_the_score_reads_the_mouth_from_frames_and_audio() -> None:
     still = np.repeat(reference_image(clip.identity)[None], clip.frames, axis=0)
     assert np.allclose(mouth_signal(still, clip.identity, still[0]), 0.0)
     assert score([clip], [still]).r == 0.0
+
+
+def test_fidelity_reads_closeness_to_the_ground_truth_and_flicker() -> None:
+    clip = CLIPS[0]
+    frames = render_clip(clip)
+    same = fidelity([frames], [frames], [clip.identity])
+    assert same.psnr_db > 100 and same.mouth_psnr_db > 100 and same.flicker == same.flicker_truth > 0
+    still = np.repeat(frames[:1], len(frames), axis=0)  # the first frame held: no flicker, the mouth never moves
+    held = fidelity([still], [frames], [clip.identity])
+    assert held.flicker == 0.0 and held.mouth_psnr_db < held.psnr_db < 60
+    rng = np.random.default_rng(0)
+    noisy = np.clip(frames + rng.normal(0, 8, frames.shape), 0, 255).astype(np.uint8)
+    loud = fidelity([noisy], [frames], [clip.identity])
+    assert 25 < loud.psnr_db < 35 and loud.flicker > 2 * same.flicker  # noise: ~30 dB, and it flickers
+
+
+def test_the_preset_s_one_denoising_step_scores_like_the_two_the_dit_was_trained_on(trained: LipSync) -> None:
+    """The `tiny` preset runs its DiT once per chunk; the shipped DiT was trained on a 2-step schedule. On these
+    clips the lip sync and the closeness to the ground truth hold (the 51 held-out clips: docs/training.md)."""
+    cfg = session_config("tiny", "cpu")
+    assert cfg.model.generation.denoising_steps == 1
+    truth = [render_clip(c) for c in CLIPS]
+    ids = [c.identity for c in CLIPS]
+    one = generate_clips(cfg, CLIPS).frames
+    two = generate_clips(session_config("tiny", "cpu", model={"generation": {"denoising_steps": 2}}), CLIPS).frames
+    assert not all(np.array_equal(a, b) for a, b in zip(one, two, strict=True))  # two different paths
+    assert abs(score(CLIPS, two).r - trained.r) < 0.05, (score(CLIPS, two).r, trained.r)
+    f1, f2 = fidelity(one, truth, ids), fidelity(two, truth, ids)
+    assert abs(f1.psnr_db - f2.psnr_db) < 0.5 and abs(f1.mouth_psnr_db - f2.mouth_psnr_db) < 0.5, (f1, f2)
+    assert f1.flicker < 1.2 * f2.flicker, (f1, f2)
 
 
 def test_trained_weights_beat_random_weights_by_a_clear_margin(trained: LipSync, untrained: LipSync) -> None:
