@@ -76,11 +76,12 @@ def main() -> None:
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/lipsync_<preset>.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model: dict[str, object] = {"generation": {"cache_mode": args.cache_mode}}
+    generation: dict[str, object] = {"cache_mode": args.cache_mode}
+    if args.denoising_steps:
+        generation["denoising_steps"] = args.denoising_steps
+    model: dict[str, object] = {"generation": generation}
     if args.decoder_output:
         model["vae"] = {"decoder_output": args.decoder_output}
-    if args.denoising_steps:
-        model["generation"]["denoising_steps"] = args.denoising_steps  # type: ignore[index]
     topology = TOPOLOGIES["cpu"].model_copy(update={"cpu_matmul": args.cpu_matmul}).model_dump()
     cfg = session_config(args.preset, topology, weights=args.weights, model=model)
     _, test = load_or_build(args.data, TRAIN_CLIPS, TEST_CLIPS)  # the test split excludes the train sentences
