@@ -35,8 +35,10 @@ the audio is late by that much for good; the video slips with it instead of raci
 Speech onsets. A chunk pushed with `onset=True` (the generator made it from the first speech after idle
 chunks, early, without waiting for its chunk boundary: `deployments.pipeline.graph.run_chunk_loop`) plays
 as soon as it can: the idle content ahead of it on the timeline (queued idle chunks, then committed idle
-frames whose audio is not handed out yet) is cut, whole frames from the latest back, until the chunk's audio
-is due `onset_slack_s` after it arrived (or the idle content ends), plus however much the slowest chunk of the
+frames whose audio is not handed out yet) is cut, whole frames from the latest back, then the last frame's
+audio not handed out yet in part (the frame shows that much shorter, the frame grid after it moves as much
+earlier), until the chunk's audio is due `onset_slack_s` after it arrived to the sample (or the idle content
+ends), plus however much the slowest chunk of the
 last `slack_window_s` took to make beyond a chunk's duration (from its submit, or from the arrival of the chunk
 before it if that was later: the pipeline's pace): the chunk after the onset must still arrive before its turn.
 `push` returns the seconds cut, and the pusher must move its chunk clock that much earlier (the chunks after
@@ -242,6 +244,7 @@ class _Chunk:
     submitted: float | None = None  # when the generator took its audio (the caller's clock), if known
     onset: bool = False  # played as soon as it arrived (its slack is not the idle trimming's business)
     early_s: float = 0.0  # made this long before its boundary (slack the generator bought, not the pipeline's)
+    short: int = 0  # idle, with an onset behind it: samples it loses when committed (a cut of part of a frame)
 
     @property
     def speech(self) -> bool:
@@ -296,6 +299,7 @@ class Playout:
         self._slots: deque[_Slot] = deque()  # committed, not yet shown
         self._audio: deque[np.ndarray] = deque()  # committed samples [a, w), not yet handed out
         self._a = self._w = self._v = self._vc = 0  # audio out / committed; video out / committed
+        self._grid = 0  # samples the frame grid moved earlier by onsets' cuts of part of a frame
         self._last: np.ndarray | None = None
         self._stalled = False
         self._stall_since = 0.0
@@ -479,8 +483,9 @@ class Playout:
 
     # ----------------------------------------------------------------------------- internals
     def _fs(self, v: int) -> int:
-        """First output sample of frame slot v."""
-        return v * self.cfg.sample_rate // self.cfg.fps
+        """First output sample of frame slot v (not committed yet): on the frame grid, less what onsets cut off it
+        in parts of a frame (`_grid`)."""
+        return v * self.cfg.sample_rate // self.cfg.fps - self._grid
 
     def _audio_due(self, sample: int) -> float:
         assert self._t0 is not None
@@ -488,7 +493,8 @@ class Playout:
 
     def _video_due(self, v: int) -> float:
         assert self._t0 is not None
-        return self._t0 + self._fs(v) / self.cfg.sample_rate
+        first = self._slots[0].first_sample if self._slots and self._slots[0].index == v else self._fs(v)
+        return self._t0 + first / self.cfg.sample_rate
 
     def _segment(self, segment: str) -> _Segment:
         seg = self._segments.get(segment)
@@ -543,6 +549,8 @@ class Playout:
                 # an idle chunk ends on the timeline's frame grid (its audio is silence: a sample more or less is
                 # nothing), so the sample or two that cuts and drops leave behind never add up
                 chunk.pcm = np.resize(chunk.pcm, fit) if fit > chunk.pcm.size else chunk.pcm[:fit]
+            if chunk.short:  # an onset behind it cut part of a frame here: its frames show that much shorter
+                chunk.pcm = chunk.pcm[: max(chunk.count, chunk.pcm.size - chunk.short)]
             n, f = chunk.pcm.size, chunk.count
             for i in range(f):
                 lo, hi = i * n // f, (i + 1) * n // f
@@ -552,6 +560,8 @@ class Playout:
             self._audio.append(chunk.pcm)
             self._w += n
             self._vc += f
+            if chunk.short:
+                self._grid = self._vc * self.cfg.sample_rate // self.cfg.fps - self._w  # the frames after it, earlier
             self._shrink(now)
             return
         self._deep_since = None
@@ -612,9 +622,9 @@ class Playout:
 
     def _cut_ahead(self, now: float) -> float:
         """Cut idle content ahead of an onset chunk about to be queued (see the module docstring): queued idle
-        chunks, then committed idle frames whose audio is not handed out yet, whole frames from the latest back,
-        until it would start `onset_slack_s` after `now`. Nothing is cut past speech, while stalled, or before
-        playout started. Returns the seconds cut."""
+        chunks, then committed idle frames whose audio is not handed out yet, whole frames from the latest back, then
+        part of the last one, until it would start `onset_slack_s` after `now`. Nothing is cut past speech, while
+        stalled, or before playout started. Returns the seconds cut."""
         c = self.cfg
         if self._t0 is None or self._stalled:
             return 0.0
@@ -655,9 +665,29 @@ class Playout:
             buf = np.concatenate(list(self._audio)) if self._audio else np.zeros(0, np.float32)
             self._audio = deque([buf[:keep_samples]]) if keep_samples > 0 else deque()
             cut += drop
-        if cut:
+        # then part of a frame: the last committed frame's idle audio not handed out yet is shortened so the onset's
+        # audio is due its slack after now to the sample, not up to a frame later (41.7 ms at 24 fps, 21 on
+        # average); the frames after it move as much earlier on the grid, so they still show with their audio
+        sr = c.sample_rate
+        ahead = self._vc + sum(q.count for q in self._queue)
+        part = max(0, math.floor((self._video_due(ahead) - c.audio_lead_s - now - slack) * sr))
+        if self._queue:  # the last idle chunk left gets that much shorter when it is committed (`_Chunk.short`)
+            last = self._queue[-1]
+            part = min(part, last.pcm.size - last.short - last.count)
+            last.short += part
+        elif self._slots and self._slots[-1].frame is not None:
+            part = min(part, self._w - max(self._a, self._slots[-1].first_sample + 1))
+            if part > 0:
+                buf = np.concatenate(list(self._audio))
+                self._audio = deque([buf[:buf.size - part]])
+                self._w -= part
+                self._grid = self._vc * sr // c.fps - self._w  # the onset's first frame starts where the audio ends
+        else:
+            part = 0
+        part = max(0, part)
+        if cut or part:
             self._deep_since = None
-        seconds = cut / c.fps
+        seconds = cut / c.fps + part / c.sample_rate
         self._cut_total += seconds
         return seconds
 

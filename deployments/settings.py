@@ -282,6 +282,11 @@ class ServiceConfig(BaseModel):
         "the next window is queued too) plays as soon as it is generated, this long after it reached the room: the "
         "idle frames ahead of it are cut and the chunk clock moves as much earlier (characters.pacing, speech "
         "onsets). None: off (speech waits behind the jitter buffer like any chunk).")
+    audio_lead_ms: float = Field(
+        default=20.0, ge=0, le=500, description="LiveKit outputs: the character's audio goes to the audio source this "
+        "long before its frames are due, and the source's queue plays it that much later, so a room loop that wakes "
+        "late never leaves the queue dry (a gap, then a jitter buffer that grows at the viewer). Every word is heard "
+        "this much later (characters.pacing, audio_lead_s).")
     realtime_nice: int | None = Field(
         default=-10, ge=-20, le=19, description="Nice value of the chunk path's workers (DiT ranks, decoder, room, "
         "session actor), asked of the OS for every thread of theirs: real-time work beside a voice agent, a LiveKit "

@@ -48,6 +48,7 @@ from characters.audio import SAMPLE_AUDIO, chunk_sample_range, convert_pcm, load
 from characters.pacing import SegmentEvent, to_int16
 from deployments.livekit import LiveKitOutput, LiveKitServer, LiveKitSink, MediaFormat, install_server
 from deployments.sessions.runner import AudioBuffer
+from deployments.settings import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDEO_SHARE_S = 0.49  # DESIGN.md section 1: the video pipeline's share of a 2.13 s median turn
@@ -301,6 +302,31 @@ def onset(times: list[float], values: list[float], after: float, threshold: floa
     return next((t for t, v in zip(times, values, strict=True) if t >= after and v > threshold), None)
 
 
+def heard_sample0(times: list[float], frames: list[np.ndarray], utterance: np.ndarray, near: float,
+                  template_s: float = 0.15, before_s: float = 0.3, after_s: float = 0.5,
+                  min_match: float = 0.6) -> tuple[float, float] | None:
+    """When the viewer received the utterance's sample 0: the received audio (int16 frames, each stamped
+    with its arrival time; sample j of a frame at its stamp + j / SR) is matched against the utterance's first
+    `template_s` by normalised cross-correlation, from `before_s` before `near` (where its level first rose) to
+    `after_s` after it. A level threshold alone fires on the first loud frame: up to 100 ms into an espeak-ng
+    utterance that starts quietly (that much had already played), or on a 20 ms click of the codec before the
+    speech (measured: 180 ms early once). Returns (time, match in [0, 1]), or None when nothing matches
+    `min_match`."""
+    pick = [i for i, t in enumerate(times) if near - before_s <= t <= near + after_s + template_s]
+    tpl = utterance[: int(template_s * SR)].astype(np.float64)
+    if not pick or not np.any(tpl):
+        return None
+    r = np.concatenate([frames[i] for i in pick]).astype(np.float64)
+    at = np.concatenate([times[i] + np.arange(frames[i].size) / SR for i in pick])
+    if r.size < tpl.size:
+        return None
+    dot = np.correlate(r, tpl, mode="valid")
+    energy = np.convolve(r * r, np.ones(tpl.size), mode="valid")
+    ncc = dot / np.sqrt(np.maximum(energy, 1e-12) * float(tpl @ tpl))
+    best = int(np.argmax(ncc))
+    return (float(at[best]), float(ncc[best])) if ncc[best] >= min_match else None
+
+
 async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, scheduler: Any) -> dict[str, Any]:
     """One session of the real pipeline (Serve ingress, scheduler, warm slot, compiled graph, room worker) in
     a room on `server`; an agent speaking espeak-ng utterances through DataStreamAudioOutput; a plain viewer."""
@@ -332,6 +358,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     agent, viewer = rtc.Room(), rtc.Room()
     audio_t: list[float] = []
     audio_rms: list[float] = []
+    audio_pcm: list[np.ndarray] = []  # what the viewer received, frame by frame (int16, SR)
     video_t: list[float] = []
     video_motion: list[float] = []
     streams: list[Any] = []
@@ -348,9 +375,11 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
 
     async def watch_audio(stream: rtc.AudioStream) -> None:
         async for ev in stream:
-            a = np.frombuffer(ev.frame.data, np.int16).astype(np.float64) / 32768
+            pcm = np.frombuffer(ev.frame.data, np.int16).copy()
+            a = pcm.astype(np.float64) / 32768
             audio_t.append(time.monotonic())
             audio_rms.append(float(np.sqrt(np.mean(a * a))) if a.size else 0.0)
+            audio_pcm.append(pcm)
 
     def on_track(track: rtc.Track, *_: Any) -> None:
         if track.kind == rtc.TrackKind.KIND_VIDEO:
@@ -402,6 +431,11 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     await agent.disconnect()
     await viewer.disconnect()
 
+    if args.dump is not None:  # what the viewer received and what the agent said, to check `heard_sample0` by hand
+        np.savez_compressed(args.dump, audio_t=np.array(audio_t), audio_sizes=np.array([a.size for a in audio_pcm]),
+                            audio=np.concatenate(audio_pcm) if audio_pcm else np.zeros(0, np.int16),
+                            first_sample=np.array(first_sample), utterance_sizes=np.array([u.size for u in utterances]),
+                            utterances=np.concatenate(utterances))
     chunks = {e.chunk: kv(e.detail) for e in events if e.kind == "chunk"}
     starts = [kv(e.detail) for e in events if e.kind == "playback_started"]
     rows = []
@@ -410,13 +444,17 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
             continue
         st = starts[i]
         shown_at, latency = float(st["shown_at"]), float(st["latency_ms"]) / 1e3
-        heard = onset(audio_t, audio_rms, t_first, 0.01)
-        lag = av_lag(video_t, video_motion, audio_t, audio_rms, heard) if heard is not None else None
+        level = onset(audio_t, audio_rms, t_first, 0.01)  # the first loud frame: up to 50 ms into the utterance
+        match = None if level is None else heard_sample0(audio_t, audio_pcm, utterances[i], level)
+        heard = match[0] if match is not None else None
+        lag = av_lag(video_t, video_motion, audio_t, audio_rms, level) if level is not None else None
         ch = chunks.get(int(st["chunk"]), {})
         compute = (float(ch.get("dit_ms", 0)) + float(ch.get("decode_ms", 0))) / 1e3
         in_transit = float(st["compute_ms"]) / 1e3
         rows.append({
             "total_s": None if heard is None else heard - t_first,
+            "total_level_s": None if level is None else level - t_first,  # the level threshold's (before this)
+            "match": None if match is None else round(match[1], 3),  # the cross-correlation at `heard`
             "agent_to_room_s": shown_at - latency - t_first,
             "boundary_s": float(st["boundary_ms"]) / 1e3,
             "compute_s": compute,
@@ -435,8 +473,8 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         xs = [r[key] for r in rows if r[key] is not None]
         return {"p50": pct(xs, 50), "p95": pct(xs, 95), "n": len(xs)}
 
-    keys = ("total_s", "agent_to_room_s", "boundary_s", "compute_s", "in_flight_s", "buffer_s", "network_s",
-            "video_minus_audio_s")
+    keys = ("total_s", "total_level_s", "agent_to_room_s", "boundary_s", "compute_s", "in_flight_s", "buffer_s",
+            "network_s", "video_minus_audio_s")
     run_s = t_end - t_run
     return {
         "generator": "ray", "utterances": args.utterances, "split": {k: summary(k) for k in keys}, "rows": rows,
@@ -450,6 +488,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth, "graph": args.graph,
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
         "run_ahead_chunks": args.run_ahead, "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
+        "audio_lead_ms": args.audio_lead_ms,
     }
 
 
@@ -490,7 +529,6 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
 
     from deployments.api.app import APP_NAME, build_app, connect_scheduler
     from deployments.sessions.cluster import init_local, stop_local
-    from deployments.settings import ServiceConfig
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -498,7 +536,8 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
     service_args = {"warm_slots": 1, "pipeline_depth": args.depth, "jitter_buffer_chunks": args.jitter_buffer,
                     "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
                     "run_ahead_chunks": args.run_ahead,
-                    "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms}
+                    "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
+                    "audio_lead_ms": args.audio_lead_ms}
     if args.graph:
         service_args["graph"] = args.graph
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
@@ -523,7 +562,8 @@ def print_ray(result: dict[str, Any]) -> None:
     print(f"ray pipeline: {result['utterances']} utterances over {result['duration_s']:.1f} s; the character's first "
           f"frame reached the viewer {result['first_frame_after_request_s']:.2f} s after the request")
     print(f"{'agent speech -> the viewer (s)':<44}{'p50':>9}{'p95':>9}")
-    names = {"total_s": "first sample -> heard at the viewer", "agent_to_room_s": "  agent -> the room worker",
+    names = {"total_s": "first sample -> heard at the viewer",
+             "total_level_s": "  (its first loud 10 ms frame heard)", "agent_to_room_s": "  agent -> the room worker",
              "boundary_s": "  wait for the next chunk boundary", "compute_s": "  compute (DiT + decode)",
              "in_flight_s": "  in flight (queued behind chunks, transfer)", "buffer_s": "  jitter buffer",
              "network_s": "  publish -> viewer (audio queue, WebRTC)",
@@ -547,12 +587,16 @@ def main() -> None:
     ap.add_argument("--run-ahead", type=float, default=2.0,
                     help="ray: a chunk whose audio is queued goes up to this many chunks early "
                          "(ServiceConfig.run_ahead_chunks); 0: every chunk waits for its boundary")
-    ap.add_argument("--onset-slack-ms", type=float, default=20.0,
+    ap.add_argument("--onset-slack-ms", type=float, default=ServiceConfig.model_fields["onset_slack_ms"].default,
                     help="ray: a speech onset plays this long after it reaches the room, idle frames ahead of it cut "
                          "(ServiceConfig.onset_slack_ms); < 0: off")
+    ap.add_argument("--audio-lead-ms", type=float, default=ServiceConfig.model_fields["audio_lead_ms"].default,
+                    help="ray: audio goes to the room's audio source this long before its frames "
+                         "(ServiceConfig.audio_lead_ms)")
     ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,
                     help="ray: how the chunk flows between the workers (ServiceConfig.graph; default: the service's)")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")
+    ap.add_argument("--dump", type=Path, default=None, help="ray: an .npz of the viewer's audio and the utterances")
     ap.add_argument("--utterances", type=int, default=10)
     ap.add_argument("--utterance-s", type=float, default=1.5)
     ap.add_argument("--pause-s", type=float, default=0.5)

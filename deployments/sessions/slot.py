@@ -134,6 +134,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
             num_cpus=cfg.topology.room_cpus / 2).remote(cfg, buffer_chunks=service.jitter_buffer_chunks,
                                                       min_slack_ms=service.jitter_min_slack_ms,
                                                       onset_slack_ms=service.onset_slack_ms,
+                                                      audio_lead_ms=service.audio_lead_ms,
                                                       nice=service.realtime_nice)
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")
