@@ -215,6 +215,8 @@ class PlayoutStats:
     av_offset_ms: float  # last measured video minus audio play time (positive: video behind)
     av_offset_max_ms: float  # largest |offset| over the stats window
     lost_speech_samples: int
+    audio_dry: int  # audio handed out to a sink whose queue had run empty (`poll(audio_queue_s=0)`): a gap the
+    #                 viewer hears, unless right after an interruption flushed it or at the start
     idle_after_clear_s: float | None  # last clear -> first new frame shown after it (None: none yet)
     still_after_clear_s: float | None  # last clear -> first frame shown after it that is not speech
 
@@ -307,7 +309,8 @@ class Playout:
         self._shown: deque[tuple[float, bool]] = deque()  # (time, fresh) of shown frames in the window
         self._offsets: deque[tuple[float, float]] = deque()
         self._n = {"late": 0, "underruns": 0, "idle": 0, "cleared": 0, "slips": 0, "frames": 0, "fresh": 0,
-                   "audio": 0, "lost": 0, "trimmed": 0, "onsets": 0}
+                   "audio": 0, "lost": 0, "trimmed": 0, "onsets": 0, "dry": 0}
+        self._flushed = False  # the sink's audio queue was flushed (an interruption): empty by design once
         self._stall_total = 0.0
         self._cut_total = 0.0
         self._offset_last = 0.0
@@ -409,6 +412,7 @@ class Playout:
         flush = any(slot.plays for slot in self._slots)
         if flush and self._t0 is not None:
             self._mute(self.clock())
+            self._flushed = True
         events = [SegmentEvent("finished", s.id, s.played / self.cfg.sample_rate, interrupted=True)
                   for s in self._segments.values()]
         self._segments.clear()
@@ -429,8 +433,9 @@ class Playout:
             return self._queue[0].arrived + self.cfg.target_depth * self.cfg.chunk_s
         return min(self._audio_due(self._a), self._video_due(self._v))
 
-    def poll(self, audio_queue_s: float = 0.0) -> list[VideoOut | AudioOut | SegmentEvent]:
-        """Everything due by now, in play order. `audio_queue_s`: audio the sink holds before this batch."""
+    def poll(self, audio_queue_s: float | None = None) -> list[VideoOut | AudioOut | SegmentEvent]:
+        """Everything due by now, in play order. `audio_queue_s`: audio the sink holds before this batch (None:
+        not known; taken as 0 for the A/V offset, and no `audio_dry` counted)."""
         now = self.clock()
         out: list[VideoOut | AudioOut | SegmentEvent] = []
         if self._t0 is None:
@@ -450,7 +455,11 @@ class Playout:
             if min(ta, tv) > now:
                 break
             if ta <= tv:
-                audio = self._emit_audio(ta, now + audio_queue_s + pushed / self.cfg.sample_rate)
+                if not pushed and audio_queue_s is not None and audio_queue_s <= 0 and self._n["audio"] \
+                        and not self._flushed:
+                    self._n["dry"] += 1  # the sink played everything it had before this: it ran dry
+                self._flushed = False
+                audio = self._emit_audio(ta, now + (audio_queue_s or 0.0) + pushed / self.cfg.sample_rate)
                 pushed += audio.samples.size
                 out.append(audio)
             else:
@@ -478,7 +487,7 @@ class Playout:
             dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
             audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
             av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
-            lost_speech_samples=n["lost"], idle_after_clear_s=self._idle_after,
+            lost_speech_samples=n["lost"], audio_dry=n["dry"], idle_after_clear_s=self._idle_after,
             still_after_clear_s=self._still_after)
 
     # ----------------------------------------------------------------------------- internals
@@ -673,7 +682,7 @@ class Playout:
         part = max(0, math.floor((self._video_due(ahead) - c.audio_lead_s - now - slack) * sr))
         if self._queue:  # the last idle chunk left gets that much shorter when it is committed (`_Chunk.short`)
             last = self._queue[-1]
-            part = min(part, last.pcm.size - last.short - last.count)
+            part = min(part, max(0, last.pcm.size - last.short - last.count))  # a sample a frame stays
             last.short += part
         elif self._slots and self._slots[-1].frame is not None:
             part = min(part, self._w - max(self._a, self._slots[-1].first_sample + 1))
@@ -684,7 +693,7 @@ class Playout:
                 self._grid = self._vc * sr // c.fps - self._w  # the onset's first frame starts where the audio ends
         else:
             part = 0
-        part = max(0, part)
+        part = max(0, part)  # (the committed frame may have had none of its audio left to cut)
         if cut or part:
             self._deep_since = None
         seconds = cut / c.fps + part / c.sample_rate

@@ -479,6 +479,8 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     return {
         "generator": "ray", "utterances": args.utterances, "split": {k: summary(k) for k in keys}, "rows": rows,
         "late_chunk_indices": sorted(k for k, ch in chunks.items() if ch.get("late") == "1"),
+        # the room's audio source found empty before a push (the SDK's estimate of its queue): a gap the viewer heard
+        "audio_dry": max((int(ch.get("audio_dry", 0)) for ch in chunks.values()), default=0),
         "joined_after_request_s": t_joined,  # a second of its video (24 frames) had reached the viewer
         "first_frame_after_request_s": first_frame,
         "viewer_fps": sum(t_run <= t < t_end for t in video_t) / run_s,
@@ -572,7 +574,8 @@ def print_ray(result: dict[str, Any]) -> None:
         p50, p95 = (float("nan") if sp[k][q] is None else sp[k][q] for q in ("p50", "p95"))
         print(f"{name:<44}{p50:>9.3f}{p95:>9.3f}")
     print(f"viewer {result['viewer_fps']:.2f} fps; server generated {result['generated_fps']:.2f} fps, presented "
-          f"{result['presented_fps']:.2f}; late chunks {result['late_chunks']} of {result['chunks']}")
+          f"{result['presented_fps']:.2f}; late chunks {result['late_chunks']} of {result['chunks']}; the audio "
+          f"source ran dry {result['audio_dry']} times")
     print("cores used over the run: " + ", ".join(f"{k} {v:.2f}" for k, v in result["cores_used"].items()))
 
 

@@ -120,6 +120,7 @@ def main() -> None:
         room.open("bench", LiveKitOutput(url=server.url, room_name="bench-publish", api_key=server.api_key,
                                          api_secret=server.api_secret))
         chunks = int(args.seconds / chunk_s)
+        playout: dict[str, Any] = {}
         t0 = time.monotonic()
         try:
             for k in range(chunks):
@@ -137,6 +138,9 @@ def main() -> None:
                 stage = next(t for t in report.stages if t.stage == "publish").duration_ns / 1e6
                 (onset if inp.onset else plain).append(stage)
                 calls.append(call * 1e3)
+            if (stats := getattr(room.sink, "latest_stats", None)) is not None:
+                playout = {"late_chunks": stats.playout.late_chunks, "audio_dry": stats.playout.audio_dry,
+                           "fps": stats.playout.fps}
         finally:
             room.close()
             stop.set()
@@ -145,7 +149,7 @@ def main() -> None:
     result = {
         "bench": "publish", "preset": args.preset, "resolution": [g.height, g.width],
         "frames_per_chunk": g.frames_per_chunk, "chunks": chunks, "skip": args.skip, "viewer": not args.no_viewer,
-        "viewer_received": seen,
+        "viewer_received": seen, "playout": playout,
         "publish_ms": {"onset": {"p50": pct(onset, 50), "p95": pct(onset, 95), "n": len(onset)},
                        "plain": {"p50": pct(plain, 50), "p95": pct(plain, 95), "n": len(plain)}},
         "call_ms": {"p50": pct(calls, 50), "p95": pct(calls, 95)},
@@ -156,7 +160,7 @@ def main() -> None:
     }
     p = result["publish_ms"]
     print(f"{args.preset} {g.height}x{g.width}, {g.frames_per_chunk} frames per chunk, {chunks} chunks; viewer got "
-          f"{seen}")
+          f"{seen}; the room's playout: {playout}")
     print(f"{'ms':<34}{'p50':>8}{'p95':>8}")
     for name, row in (("publish stage, onset chunks", p["onset"]), ("publish stage, other chunks", p["plain"]),
                       ("the whole call (with the digest)", result["call_ms"])):

@@ -212,10 +212,10 @@ class RoomWorker:
         stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
         digest = frames_digest(frames.frames)
         buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
-        presented = 0.0
+        presented, dry = 0.0, 0
         if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements
             buffer_s, av_offset_s = room.playout.buffered_s, room.playout.av_offset_ms / 1e3
-            presented = room.playout.fps
+            presented, dry = room.playout.fps, room.playout.audio_dry
             # late chunks as the real playout saw them (its timeline, trimmed or not), not the meter's model:
             # the chunks that ended a stall since the last report (a chunk's lateness shows once it is due)
             late = room.playout.late_chunks > self._late_seen
@@ -225,7 +225,7 @@ class RoomWorker:
         while self._playback:
             playback.append(self._playback.popleft())
         return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
-                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback), cut_s)
+                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback), cut_s, dry)
 
     def close(self) -> None:
         """Finish the output (the MP4 trailer). Idempotent."""

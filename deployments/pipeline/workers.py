@@ -108,6 +108,7 @@ class ChunkReport:
     #                              (a LiveKit room's playout; 0: not measured); delivered_fps counts new frames only
     playback: tuple[SegmentEvent, ...] = ()  # speech segments that started or finished since the last report
     cut_s: float = 0.0  # an onset chunk: idle content the room cut ahead of it (the chunk clock moves as much)
+    audio_dry: int = 0  # times the output's audio queue had run empty so far (a gap heard; LiveKit rooms)
 
 
 class SessionMismatch(RuntimeError):

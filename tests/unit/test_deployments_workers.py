@@ -216,7 +216,7 @@ def test_room_reports_the_real_playouts_late_chunks_when_its_output_has_one(cfg:
     class Output:  # what LiveKitSink exposes to the room: its last RoomStats (only .playout is read)
         def __init__(self) -> None:
             self.latest_stats = SimpleNamespace(playout=SimpleNamespace(
-                buffered_s=0.1, av_offset_ms=0.0, fps=24.0, late_chunks=0, stall_s=0.0))
+                buffered_s=0.1, av_offset_ms=0.0, fps=24.0, late_chunks=0, stall_s=0.0, audio_dry=0))
 
         def write(self, *_: object, **__: object) -> None:
             pass

@@ -147,6 +147,7 @@ def test_on_time_chunks_play_at_24fps_with_their_own_audio_in_sync() -> None:
     st = p.stats()
     assert st.av_offset_max_ms == pytest.approx(0.0, abs=0.07)  # within one sample (62.5 us)
     assert st.late_chunks == st.slips == 0
+    assert st.audio_dry == 0  # polled when due, the sink always held the lead
     assert st.underruns == 1  # only after the last chunk: the stream ended, the last frame is held
     assert st.frames_sent >= 30 * F and st.fresh_frames == 30 * F
     assert st.audio_frames_sent == len(audio) // 160
@@ -253,6 +254,7 @@ def test_a_stalled_owner_slips_the_timeline_and_stays_in_sync() -> None:
     run.until(t + 6.0)
     st = p.stats()
     assert st.slips == 1
+    assert st.audio_dry == 1  # the sink played all it had: the gap the viewer heard, counted once
     offsets_after = st.av_offset_max_ms  # the window (2 s) covers only the time after the stall
     assert offsets_after < 0.07, "audio and video slipped together"
     fresh = [int(v.frame[0, 0, 0]) for v in run.video() if v.fresh]
@@ -415,6 +417,7 @@ def test_clear_interrupts_drops_queued_and_inflight_speech_and_returns_to_idle()
     played_after = np.concatenate([o.samples for tt, o in after if isinstance(o, AudioOut)])
     assert not played_after.any(), "no interrupted speech is handed out after the clear"
     assert st.late_chunks == 0 and st.av_offset_max_ms < 0.13  # within two samples
+    assert st.audio_dry == 0  # the flush emptied the sink's queue on purpose: no gap of the playout's
     assert not any(isinstance(o, SegmentEvent) for _, o in after)  # nothing more for the cleared segment
 
 

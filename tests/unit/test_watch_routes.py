@@ -240,7 +240,7 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
 
     class LiveKitLike:  # what RoomWorker reads of a LiveKitSink: write/close and the room's latest snapshot
         latest_stats = SimpleNamespace(playout=SimpleNamespace(buffered_s=0.375, av_offset_ms=-2.5, fps=23.5,
-                                                               late_chunks=0, stall_s=0.0))
+                                                               late_chunks=0, stall_s=0.0, audio_dry=2))
         submitted: ClassVar[list[tuple[float | None, bool]]] = []
 
         def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
@@ -253,7 +253,7 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
     room.sink = LiveKitLike()
     room._playback.append(SegmentEvent("started", "seg", latency_s=0.3))  # from the room's thread
     r = room.publish(ChunkInput("s", 1, np.zeros(b - a, np.float32), 12.5), Frames("s", 1, frames.frames))
-    assert (r.buffer_s, r.av_offset_s, r.presented_fps) == (0.375, -0.0025, 23.5)
+    assert (r.buffer_s, r.av_offset_s, r.presented_fps, r.audio_dry) == (0.375, -0.0025, 23.5, 2)
     assert LiveKitLike.submitted == [(12.5, False)]  # the chunk's submit time reaches the playout
     assert r.playback == (SegmentEvent("started", "seg", latency_s=0.3),) and not room._playback and r.cut_s == 0.0
     # an onset reaches the playout, and what it cut ahead of it goes back to the chunk loop in the report
