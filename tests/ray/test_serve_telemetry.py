@@ -149,12 +149,12 @@ def test_characters_serve_traces_a_session_end_to_end_through_the_shipped_collec
             proc.kill()
             proc.wait()
 
-    def the_trace() -> list[ReceivedSpan] | None:
+    def the_trace() -> list[ReceivedSpan] | None:  # the ingress and the session actor export apart: wait for both
         spans = backend.spans()
-        return spans if any(s.name == N.SESSION_END and s.attributes.get(N.SESSION_ID) == sid for s in spans) \
-            else None
+        ended = any(s.name == N.SESSION_END and s.attributes.get(N.SESSION_ID) == sid for s in spans)
+        return spans if ended and any(s.name == "POST /v1/sessions" for s in spans) else None
 
-    spans = wait_for(the_trace, 30, "the session's end through the collector")
+    spans = wait_for(the_trace, 30, "the request's span and the session's end through the collector")
     request = next(s for s in spans if s.name == "POST /v1/sessions")
     mine = [s for s in spans if s.trace_id == request.trace_id]
     print(f"\ntrace {request.trace_id} (through the collector):\n" + tree(spans, request.trace_id, attributes=(
