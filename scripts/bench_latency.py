@@ -444,7 +444,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
             continue
         st = starts[i]
         shown_at, latency = float(st["shown_at"]), float(st["latency_ms"]) / 1e3
-        level = onset(audio_t, audio_rms, t_first, 0.01)  # the first loud frame: up to 50 ms into the utterance
+        level = onset(audio_t, audio_rms, t_first, 0.01)  # the first loud frame: up to 100 ms into the utterance
         match = None if level is None else heard_sample0(audio_t, audio_pcm, utterances[i], level)
         heard = match[0] if match is not None else None
         lag = av_lag(video_t, video_motion, audio_t, audio_rms, level) if level is not None else None

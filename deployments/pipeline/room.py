@@ -184,7 +184,8 @@ class RoomWorker:
                                                    min_slack_s=self.min_slack_s,
                                                    onset_slack_s=self.onset_slack_s or 0.0,
                                                    audio_lead_s=self.audio_lead_s,
-                                                   max_catchup_s=min(self.audio_lead_s, 0.04)),
+                                                   max_catchup_s=min(self.audio_lead_s, PacingConfig.model_fields[
+                                                       "max_catchup_s"].default)),  # never over the lead
                                on_playback=self._playback.append)  # deque.append: safe from another thread
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink
