@@ -9,7 +9,7 @@ integers the runner already knows. Ray actors (deployments/) wrap these classes 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -295,13 +295,24 @@ class ReferenceEncoder:
         return self.encoder.encode_image(x)
 
 
+FIRST_FRAMES = 1  # frames `DecoderRunner.decode_first` hands out before the rest of a chunk
+
+
+@dataclass(frozen=True)
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    out: torch.Tensor  # its output, rewritten by every replay
+    keep: torch.Tensor | None  # a tensor of its pool another graph reads
+
+
 class DecoderRunner:
     """The causal streaming VAE decoder with its per-session temporal state.
 
     It runs channels-last (3-D) with each causal conv's window preallocated and written in place
     (`windows`; the older concatenating path, compiled by Inductor on CUDA, stays for comparison).
     On CUDA, after `capture_graph`, a chunk is one graph replay; `decode` then only copies the
-    latents in."""
+    latents in. `decode_first` + `decode_rest` make a chunk in two parts, its first frame first (a speech onset's:
+    `CausalDecoder.decode_first`); on CUDA each is a graph of its own."""
 
     def __init__(self, cfg: SessionConfig, *, device: torch.device | str = "cpu",
                  channels_last: bool | None = None, compile: bool | None = None, windows: bool = True,
@@ -338,23 +349,40 @@ class DecoderRunner:
         else:
             self._forward = self.decoder.decode_chunk
         self.graph: torch.cuda.CUDAGraph | None = None
+        self._graphs: tuple[_Captured, _Captured] | None = None  # decode_first's and decode_rest's (capture_graph)
+        self._mark: tuple[int, str, Any] | None = None  # decode_first's "decode" region, ended by decode_rest
+        self._begun = False  # decode_first ran, decode_rest not yet
         self.recorder: StageRecorder | None = None  # optional stage timing ("decode"); off by default
         self.chunk = 0  # chunks decoded since start()
 
     def start(self) -> None:
         self.decoder.reset_state(self.state)
+        self.state.pending, self._begun, self._mark = None, False, None
         self.chunk = 0
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         if self.uint8_out:
             return self.decoder.frames_uint8(latents, self.state)[0]  # (F, H, W, 3)
-        video = self._forward(latents, self.state)  # (1, 3, F, H, W)
-        frames = ((video[0].float() + 1) * 127.5).round_().to(torch.uint8)  # (3, F, H, W)
+        return self._to_uint8(self._forward(latents, self.state))
+
+    @staticmethod
+    def _to_uint8(video: torch.Tensor) -> torch.Tensor:
+        frames = ((video[0].float() + 1) * 127.5).round_().to(torch.uint8)  # (1, 3, F, H, W) -> (3, F, H, W)
         return frames.permute(1, 2, 3, 0).contiguous()  # (F, H, W, 3)
+
+    def _decode_first(self, latents: torch.Tensor) -> torch.Tensor:
+        out = self.decoder.decode_first(latents, self.state, FIRST_FRAMES, uint8=self.uint8_out)
+        return out[0] if self.uint8_out else self._to_uint8(out)
+
+    def _decode_rest(self) -> torch.Tensor:
+        out = self.decoder.decode_rest(self.state, FIRST_FRAMES, uint8=self.uint8_out)
+        return out[0] if self.uint8_out else self._to_uint8(out)
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(1, C, Cf, h, w) -> (F, H, W, 3) uint8 frames, on the decoder's device (no host sync)."""
+        if self._begun:
+            raise RuntimeError("decode while a chunk's rest is due: call decode_rest first")
         rec = self.recorder
         if rec is not None:
             rec.chunk = self.chunk
@@ -368,6 +396,40 @@ class DecoderRunner:
             out = self._frames.clone()
         if rec is not None:
             rec.end(mark)
+        return out
+
+    @torch.inference_mode()
+    def decode_first(self, latents: torch.Tensor) -> torch.Tensor:
+        """(1, C, Cf, h, w) -> the chunk's first `FIRST_FRAMES` frames (n, H, W, 3) uint8; `decode_rest` must come
+        next (the "decode" stage spans both). No host sync."""
+        rec = self.recorder
+        if rec is not None:
+            rec.chunk = self.chunk
+            self._mark = rec.begin("decode")
+        self.chunk += 1
+        self._begun = True
+        if self._graphs is None:
+            return self._decode_first(latents.to(self.device, self.dtype))
+        first, _ = self._graphs
+        self._z.copy_(latents, non_blocking=True)
+        first.graph.replay()
+        return first.out.clone()
+
+    @torch.inference_mode()
+    def decode_rest(self) -> torch.Tensor:
+        """The frames of the chunk `decode_first` began, after its first: (F - n, H, W, 3) uint8."""
+        if not self._begun:
+            raise RuntimeError("decode_rest without decode_first: decode the chunk's first frames first")
+        self._begun = False
+        if self._graphs is None:
+            out = self._decode_rest()
+        else:
+            _, rest = self._graphs
+            rest.graph.replay()
+            out = rest.out.clone()
+        if self.recorder is not None and self._mark is not None:
+            self.recorder.end(self._mark)
+        self._mark = None
         return out
 
     @torch.inference_mode()
@@ -388,6 +450,20 @@ class DecoderRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._frames = self._decode(self._z)
+        # a chunk's first frame and its rest: two more graphs, each in a pool of its own (the first's output and
+        # the trunk output it leaves for the rest stay valid while another graph replays)
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._decode_first(self._z)
+                self._decode_rest()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        parts = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
+        with torch.cuda.graph(parts[0]):
+            first = self._decode_first(self._z)
+        pending = self.state.pending  # decode_rest's input: its graph reads it where the first graph writes it
+        with torch.cuda.graph(parts[1]):
+            rest = self._decode_rest()
+        self._graphs = (_Captured(parts[0], first, pending), _Captured(parts[1], rest, None))
         self.graph = graph
         torch.cuda.synchronize(self.device)
         self.start()

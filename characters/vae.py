@@ -55,6 +55,9 @@ class RMSNorm(nn.Module):
 # ----------------------------------------------------------------------------------------------- decoder
 
 
+Span = tuple[int, int]  # output frames a .. b - 1 of a chunk, where a decoder step runs on part of one
+
+
 class Unsummed(NamedTuple):
     """A block's output before its last add: `y + bias (per channel) + residual`, all (B, c, T, h', w'), left
     for the next step to add in a pass it makes anyway (the same float32 sum, rounded once)."""
@@ -103,53 +106,68 @@ class CausalConv3d(nn.Conv3d):
         return self._conv_per_tap(x, weight, bias)
 
     def run_window(self, window: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                   *, with_bias: bool = True) -> torch.Tensor:
+                   *, with_bias: bool = True, span: Span | None = None) -> torch.Tensor:
         """Convolve a window whose tail already holds this chunk's input, then keep its last `kt - 1`
         frames as the next chunk's cache. window (B, cin, kt - 1 + T, h', w') -> (B, cout, T, h', w').
         The conv runs without its bias, added after in one fused pass, or (`with_bias=False`) left to
-        the caller to fold into the next step (the next `norm_silu`, a residual add, an up-sampling)."""
+        the caller to fold into the next step (the next `norm_silu`, a residual add, an up-sampling).
+        `span` (a, b): only output frames a .. b - 1 (their input is in the window up to frame b); the cache
+        moves on only with the span that ends the chunk (see `CausalDecoder.decode_first`)."""
         if with_bias:
             bias = self.bias if bias is None else bias
             assert bias is not None  # every decoder conv has one
         inline = with_bias and window.device.type == "cpu"  # oneDNN adds a bias for free; cuDNN's is a pass
-        y = self._conv(window, self.weight if weight is None else weight, bias if inline else None)
         t = window.shape[2] - self.past
-        frames = window.permute(0, 2, 3, 4, 1)  # (B, kt - 1 + T, h', w', cin): dense blocks when channels-last
-        tail = frames[:, t:]
-        frames[:, : self.past].copy_(tail if t >= self.past else tail.clone())  # overlapping when T < kt - 1
+        a, b = span if span is not None and self.past else (0, t)  # (kt = 1: the "window" is the span's frames)
+        part = window if (a, b) == (0, t) else window[:, :, a : self.past + b]  # a view: B == 1, time outermost
+        y = self._conv(part, self.weight if weight is None else weight, bias if inline else None)
+        if b == t:  # the chunk's last frames: move the cache on (before, the window holds what later frames need)
+            frames = window.permute(0, 2, 3, 4, 1)  # (B, kt - 1 + T, h', w', cin): dense blocks when channels-last
+            tail = frames[:, t:]
+            frames[:, : self.past].copy_(tail if t >= self.past else tail.clone())  # overlapping when T < kt - 1
         if with_bias and not inline:
             assert bias is not None
             y = bias_add(y, bias, out=y)
         return y
 
+    def _tail(self, window: torch.Tensor, span: Span | None) -> torch.Tensor:
+        """Where this chunk's input frames (all, or `span`'s) go in the window: a view of its tail."""
+        a, b = span or (0, window.shape[2] - self.past)
+        return window[:, :, self.past + a : self.past + b]
+
     def norm_silu_window(self, x: torch.Tensor, norm: RMSNorm, windows: list[torch.Tensor],
-                         bias: torch.Tensor | None = None) -> torch.Tensor:
-        """This conv's window with `silu(norm(x (+ bias)))` written into its tail (a new tensor for a kt = 1
-        conv, which keeps no window)."""
+                         bias: torch.Tensor | None = None, span: Span | None = None) -> torch.Tensor:
+        """This conv's window with `silu(norm(x (+ bias)))` written into its tail (`span`: x is those frames of the
+        chunk, written into theirs) (a new tensor for a kt = 1 conv, which keeps no window)."""
         if not self.past:
             return norm_silu(x, norm.weight, norm.eps, bias=bias)
         window = windows[self.slot]
-        norm_silu(x, norm.weight, norm.eps, out=window[:, :, self.past :], bias=bias)
+        norm_silu(x, norm.weight, norm.eps, out=self._tail(window, span), bias=bias)
         return window
 
-    def write_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
-        """This conv's window, (B, cin, kt - 1 + T, h', w'), with x in its tail (an `Unsummed` x summed on the way)."""
+    def write_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
+                     ) -> torch.Tensor:
+        """This conv's window, (B, cin, kt - 1 + T, h', w'), with x in its tail (`span`: x is those frames, written
+        into theirs) (an `Unsummed` x summed on the way)."""
         window = windows[self.slot]
+        tail = self._tail(window, span)
         if isinstance(x, Unsummed):
-            x.sum_into(window[:, :, self.past :])
+            x.sum_into(tail)
         else:
-            window.permute(0, 2, 3, 4, 1)[:, self.past :].copy_(x.permute(0, 2, 3, 4, 1))  # (B, T, h', w', cin)
+            tail.permute(0, 2, 3, 4, 1).copy_(x.permute(0, 2, 3, 4, 1))  # (B, T, h', w', cin)
         return window
 
-    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
-        """The serving form of `forward`: x written into this conv's window (no concatenation)."""
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
+                       ) -> torch.Tensor:
+        """The serving form of `forward`: x written into this conv's window (no concatenation). `span`: x is
+        those output frames of the chunk (`run_window`)."""
         if not self.past:
             assert self.bias is not None  # every decoder conv has one
             x = summed(x)
             if x.device.type == "cpu":
                 return self._conv(x, self.weight, self.bias)  # oneDNN adds the bias in the conv
             return bias_add(y := self._conv(x, self.weight, None), self.bias, out=y)
-        return self.run_window(self.write_window(x, windows))
+        return self.run_window(self.write_window(x, windows, span), span=span)
 
     def _conv_per_tap(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The same convolution as a sum of per-tap 2-D convolutions over frames.
@@ -185,14 +203,16 @@ class ResBlock(nn.Module):
         y = self.conv2(F.silu(self.norm2(y)), caches)
         return x + y
 
-    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> Unsummed:
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
+                       ) -> Unsummed:
         """The serving form: each norm + SiLU (with the previous conv's bias) writes straight into its
-        conv's window; the last bias and the residual are left for the next step to add in its own pass."""
+        conv's window; the last bias and the residual are left for the next step to add in its own pass.
+        `span`: x is those frames of the chunk (`CausalConv3d.run_window`)."""
         x = summed(x)  # (B, c, T, h', w')
         y, bias = x, None
         for norm, conv in ((self.norm1, self.conv1), (self.norm2, self.conv2)):
-            window = conv.norm_silu_window(y, norm, windows, bias)
-            y, bias = conv.run_window(window, with_bias=False), conv.bias
+            window = conv.norm_silu_window(y, norm, windows, bias, span)
+            y, bias = conv.run_window(window, with_bias=False, span=span), conv.bias
         assert bias is not None
         return Unsummed(y, bias, x)
 
@@ -215,8 +235,9 @@ class FrameAttention(nn.Module):
         y = self.proj(self._attend(q, k, v))  # (B*T, h'w', c)
         return x + y.view(b, t, h, w, c).permute(0, 4, 1, 2, 3)
 
-    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
-        return self(summed(x), windows)  # per frame: no temporal state
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
+                       ) -> torch.Tensor:
+        return self(summed(x), windows)  # per frame: no temporal state (any span of frames is the same)
 
     @staticmethod
     def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -296,10 +317,14 @@ class Upsample(nn.Module):
         x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")  # (B, cin, T, 2h', 2w')
         return self.conv(x, caches)  # (B, cout, T, 2h', 2w')
 
-    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+    def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
+                       ) -> torch.Tensor:
         """The serving form: one pass reads the up-sampling's input (with its pending bias and residual, or
         the time conv's output with its bias) and writes the 2x copies in the 3x3 conv's channels-last layout.
-        On CPU after `prepare_subpixel`, the sub-pixel form instead (no 2x copies at all)."""
+        On CPU after `prepare_subpixel`, the sub-pixel form instead (no 2x copies at all). `span`: x is those
+        frames of the chunk; only a spatial up-sampling takes one (its conv is per frame)."""
+        if span is not None and self.time_conv is not None:
+            raise ValueError("a temporal up-sampling makes two frames of each input frame: it runs on whole chunks")
         if self._subpixel is not None and (x.y if isinstance(x, Unsummed) else x).device.type == "cpu":
             return self._forward_subpixel(x, windows)
         if self.time_conv is not None:
@@ -327,6 +352,7 @@ class DecoderState:
     latent_hw: tuple[int, int]
     chunk_frames: int | None = None
     windows: list[torch.Tensor] | None = None
+    pending: torch.Tensor | None = None  # `CausalDecoder.decode_first`'s trunk output, for `decode_rest`
 
 
 class CausalDecoder(nn.Module):
@@ -362,6 +388,10 @@ class CausalDecoder(nn.Module):
         self.norm_out = RMSNorm(widths[-1])
         # 3 output channels, or 3 per pixel of each position's s x s block, ordered (dy, dx, rgb): `unshuffle`
         self.conv_out = CausalConv3d(widths[-1], 3 * self.shuffle**2, (kt, 3, 3), scale, frames)
+        # after the last temporal up-sampling every step keeps its frames apart in time: output frame i is made from
+        # frame i there (and the frames before it), so a chunk's first frames can be finished before the rest
+        self.split = max((i + 1 for i, b in enumerate(self.blocks) if isinstance(b, Upsample) and b.time_conv),
+                         default=0)
         self.cached_convs = [m for m in self.modules() if isinstance(m, CausalConv3d) and m.past > 0]
         for slot, conv in enumerate(self.cached_convs):
             conv.slot = slot
@@ -391,20 +421,73 @@ class CausalDecoder(nn.Module):
     def forward_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
         """`forward` for a serving state (`init_state(..., chunk_frames)`), same result: every
         norm + SiLU before a causal conv writes into that conv's window, nothing is concatenated."""
-        window = self._trunk_window(z, windows)
+        return self._video(self._trunk_window(z, windows), None)  # (B, 3, 4*Tc, 8h, 8w)
+
+    def _video(self, window: torch.Tensor, span: Span | None) -> torch.Tensor:
+        """conv_out over its window (or `span`'s frames of it) -> video (B, 3, t, 8h, 8w) in [-1, 1]."""
         conv = self.conv_out
         if self._out_weight is None:
-            x = conv.run_window(window)
+            x = conv.run_window(window, span=span)
         else:
-            x = conv.run_window(window, *self._out_weight)[:, : conv.out_channels]
-        return self.unshuffle(x).clamp(-1.0, 1.0)  # (B, 3, 4*Tc, 8h, 8w)
+            x = conv.run_window(window, *self._out_weight, span=span)[:, : conv.out_channels]
+        return self.unshuffle(x).clamp(-1.0, 1.0)
 
     def _trunk_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
         """Everything up to conv_out, whose window it returns with this chunk's input written in."""
+        return self._finish_window(self._split_window(z, windows), windows, None)
+
+    def _split_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        """The blocks up to `split`, on the whole chunk: (B, C, Tc, h, w) -> (B, c, 4*Tc, h', w')."""
         x: torch.Tensor | Unsummed = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
-        for block in self.blocks:
-            x = block.forward_window(x, windows)  # type: ignore[operator]  # ends at (B, c, 4*Tc, 8h/s, 8w/s)
-        return self.conv_out.norm_silu_window(summed(x), self.norm_out, windows)
+        for block in self.blocks[: self.split]:
+            x = block.forward_window(x, windows)  # type: ignore[operator]
+        return summed(x)
+
+    def _finish_window(self, x: torch.Tensor, windows: list[torch.Tensor], span: Span | None) -> torch.Tensor:
+        """The blocks from `split` on, for `span`'s frames of x (all: None), up to conv_out: its window (with
+        those frames written in) or, for a kt = 1 conv_out, its input."""
+        a, b = span or (0, x.shape[2])
+        y: torch.Tensor | Unsummed = x[:, :, a:b]  # a view (B == 1): time is outermost channels-last
+        for block in self.blocks[self.split :]:
+            y = block.forward_window(y, windows, span)  # type: ignore[operator]  # ends at (B, c, t, 8h/s, 8w/s)
+        return self.conv_out.norm_silu_window(summed(y), self.norm_out, windows, span=span)
+
+    def decode_first(self, z: torch.Tensor, state: DecoderState, frames: int = 1, *, uint8: bool = False
+                     ) -> torch.Tensor:
+        """A chunk's first `frames` output frames, before the rest (`decode_rest`, which must come next): the
+        blocks before `split` run on the whole chunk, the rest on those frames only. The two calls give the same
+        frames as `decode_chunk` (or, `uint8`, `frames_uint8`): (B, 3, frames, 8h, 8w) or (B, frames, 8h, 8w, 3).
+        Needs a serving state (`init_state(..., chunk_frames=...)`). For a speech onset: its first frame reaches
+        the viewer after about half of the chunk's decode (the low-resolution half plus a frame's share of the
+        rest) instead of all of it."""
+        windows = self._serving(z, state, uint8)
+        total = self.cfg.temporal_factor * z.shape[2]
+        if not 0 < frames < total:
+            raise ValueError(f"decode_first takes 1 .. {total - 1} frames of a chunk of {total}, got {frames}")
+        x = self._split_window(z, windows)  # (B, c, 4*Tc, h', w')
+        state.pending = x
+        return self._out(self._finish_window(x, windows, (0, frames)), (0, frames), uint8)
+
+    def decode_rest(self, state: DecoderState, frames: int = 1, *, uint8: bool = False) -> torch.Tensor:
+        """The chunk's frames after the first `frames` (`decode_first`'s); the state then moves on a chunk."""
+        x, state.pending = state.pending, None
+        if x is None or state.windows is None:
+            raise ValueError("decode_rest without decode_first: decode the chunk's first frames first")
+        span = (frames, x.shape[2])
+        return self._out(self._finish_window(x, state.windows, span), span, uint8)
+
+    def _out(self, window: torch.Tensor, span: Span | None, uint8: bool) -> torch.Tensor:
+        return self._uint8(window, span) if uint8 else self._video(window, span)
+
+    def _serving(self, z: torch.Tensor, state: DecoderState, uint8: bool = False) -> list[torch.Tensor]:
+        """The serving windows for z's chunk (and uint8 frames prepared, if asked), before any work."""
+        if uint8:
+            self._u8()
+        if state.windows is None or z.shape[2] != state.chunk_frames:
+            raise ValueError(f"this decode needs a serving state for chunks of {z.shape[2]} latent frames; "
+                             "call init_state(..., chunk_frames=...)")
+        self._check_latents(z, state)
+        return state.windows
 
     def prepare_cpu(self) -> None:
         """The CPU serving forms, from the final weights (call after loading, casting, laying out): every
@@ -427,14 +510,17 @@ class CausalDecoder(nn.Module):
         `round((decode_chunk(z) + 1) * 127.5)` in frame-major layout (rounding ties aside: within 1 of it).
         conv_out runs with the mapping folded in (`prepare_uint8`); then one clamp and one copy that casts, puts
         the pixels in frame-major order and un-shuffles. Needs a serving state (`init_state(..., chunk_frames)`)."""
+        return self._uint8(self._trunk_window(z, self._serving(z, state, uint8=True)), None)
+
+    def _u8(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._u8_weight is None:
-            raise ValueError("frames_uint8 before prepare_uint8: call decoder.prepare_uint8() (or prepare_cpu()) once "
+            raise ValueError("uint8 frames before prepare_uint8: call decoder.prepare_uint8() (or prepare_cpu()) once "
                              "the weights are final")
-        if state.windows is None or z.shape[2] != state.chunk_frames:
-            raise ValueError(f"frames_uint8 needs a serving state for chunks of {z.shape[2]} latent frames; "
-                             "call init_state(..., chunk_frames=...)")
-        self._check_latents(z, state)
-        y = self.conv_out.run_window(self._trunk_window(z, state.windows), *self._u8_weight)  # (B, 3 s^2, T, h', w')
+        return self._u8_weight
+
+    def _uint8(self, window: torch.Tensor, span: Span | None) -> torch.Tensor:
+        """conv_out over its window (or `span`'s frames of it) -> frames (B, t, 8h, 8w, 3) uint8 (`frames_uint8`)."""
+        y = self.conv_out.run_window(window, *self._u8(), span=span)  # (B, 3 s^2, t, h', w')
         y = y.clamp_(0.0, 255.5)  # truncation below is rounding: +0.5 is in the bias
         b, _, t, h, w = y.shape
         s = self.shuffle

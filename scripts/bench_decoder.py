@@ -10,6 +10,11 @@ without the search. The serving default is `windows_graph_bench`. The floor is t
 the bf16 (or fp32 on CPU) matmul rate measured in the same run. Each CUDA variant runs in a process of its
 own (PyTorch keeps the first cuDNN algorithm it used per shape for the whole process). `--variants a,b`
 picks some; `--profile` with one variant adds its top kernels. Prints a table, writes JSON.
+
+`--first-frame` (CUDA: the serving variant; CPU: the window path) also times a speech onset's chunk as the
+pipeline makes it (`DecoderRunner.decode_first` + `decode_rest`), each part to the host as the decoder worker
+hands it on (`.cpu()`), against the whole chunk to the host, and checks the two parts' frames against the whole
+chunk's (`first_frame` in the JSON).
 """
 
 from __future__ import annotations
@@ -51,6 +56,47 @@ def variant(cfg_dtype: str, device: torch.device, graph: bool, preset: str, iter
     return ms
 
 
+def first_frame(cfg_dtype: str, device: torch.device, graph: bool, preset: str, iters: int, warmup: int,
+                **runner_kw: Any) -> dict[str, float]:
+    """A chunk in two parts (its first frame, then the rest), each copied to the host, against the whole chunk
+    copied to the host: ms p50 of each (host clock, the copies wait for the GPU), and how far the parts' frames
+    are from the whole chunk's (the same latents, from the same state)."""
+    import time
+
+    cfg = session_config(preset, "gpu1", dtype=cfg_dtype)
+    runner = DecoderRunner(cfg, device=device, **runner_kw)
+    if graph:
+        runner.capture_graph()
+    h, w = cfg.model.latent_hw
+    z = torch.randn(1, cfg.model.vae.latent_channels, cfg.model.generation.latent_frames_per_chunk, h, w,
+                    generator=torch.Generator().manual_seed(0)).to(device)
+    times: dict[str, list[float]] = {"whole_to_host": [], "first_to_host": [], "rest_to_host": []}
+
+    def clock() -> float:
+        return time.perf_counter() * 1e3
+
+    with torch.inference_mode():
+        for i in range(warmup + iters):
+            runner.start()
+            t0 = clock()
+            whole = runner.decode(z).cpu()
+            t1 = clock()
+            runner.start()
+            t2 = clock()
+            first = runner.decode_first(z).cpu()
+            t3 = clock()
+            rest = runner.decode_rest().cpu()
+            t4 = clock()
+            if i >= warmup:
+                times["whole_to_host"].append(t1 - t0)
+                times["first_to_host"].append(t3 - t2)
+                times["rest_to_host"].append(t4 - t3)
+    diff = (torch.cat([first, rest]).int() - whole.int()).abs()
+    return {**{f"{k}_ms": statistics.median(v) for k, v in times.items()},
+            "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.float().mean()),
+            "frames_first": len(first), "frames_rest": len(rest)}
+
+
 def isolated(name: str, args: argparse.Namespace) -> float:
     """ms per chunk of one variant, measured by this script in a fresh process."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,6 +133,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--variants", default=None, help="comma-separated subset of the variants (CUDA)")
     p.add_argument("--profile", action="store_true", help="also list the serving path's top kernels (CUDA)")
+    p.add_argument("--first-frame", action="store_true", help="also time an onset's chunk in two parts (see above)")
+    p.add_argument("--split-only", action="store_true", help=argparse.SUPPRESS)  # --first-frame's own process
     args = p.parse_args()
     device = torch.device(args.device)
     cfg = session_config(args.preset, "gpu1")
@@ -120,13 +168,28 @@ def main() -> None:
     rows.update({name: variant(dt, device, graph, args.preset, args.iters, args.warmup,
                                kernels if args.profile and name == profiled else None, **kw)
                  for name, (dt, graph, kw) in variants.items()})
+    split: dict[str, float] = {}
+    if args.first_frame:  # in a process of its own on CUDA, like every variant (cuDNN keeps its first choice)
+        if device.type == "cuda":
+            with tempfile.TemporaryDirectory() as tmp:
+                out_one = Path(tmp) / "split.json"
+                subprocess.run([sys.executable, __file__, "--preset", args.preset, "--device", args.device,
+                                "--iters", str(args.iters), "--warmup", str(args.warmup), "--variants", "none",
+                                "--split-only", "--out", str(out_one)], check=True, stdout=subprocess.DEVNULL)
+                split = json.loads(out_one.read_text())["first_frame"]
+        else:
+            split = first_frame("float32", device, False, args.preset, args.iters, args.warmup, windows=True)
+    if args.split_only:
+        split = first_frame("bfloat16", device, True, args.preset, args.iters, args.warmup, windows=True,
+                            cudnn_benchmark=True)
     floor = flops / rate * 1e3
     result = {"command": " ".join(["python", *sys.argv]), "preset": args.preset,
               "resolution": f"{cfg.model.generation.width}x{cfg.model.generation.height}",
               "frames_per_chunk": cfg.model.generation.frames_per_chunk,
               **env_info(device), "gflops_per_chunk": flops / 1e9, "matmul_tflops": rate / 1e12,
               "floor_ms": floor, "ms": rows, "target_ms": 60.0,
-              **({f"top_kernels_ms_{profiled}": kernels} if kernels else {})}
+              **({f"top_kernels_ms_{profiled}": kernels} if kernels else {}),
+              **({"first_frame": split} if split else {})}
     out = Path(args.out or f"benchmarks/decoder_{args.preset}_{device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -136,6 +199,10 @@ def main() -> None:
         print(f"{name:<28} {ms:>9.2f} {floor:>9.2f} {ms / floor:>6.2f}")
     for name, ms in kernels.items():
         print(f"  {ms:8.2f}  {name[:150]}")
+    if split:
+        print(f"onset chunk in two parts, to the host: first frame {split['first_to_host_ms']:.2f} ms, the rest "
+              f"{split['rest_to_host_ms']:.2f} ms; whole chunk {split['whole_to_host_ms']:.2f} ms; frames vs the "
+              f"whole chunk's: max |diff| {split['max_abs_diff']:.0f}, mean {split['mean_abs_diff']:.4f}")
     print(f"-> {out}")
 
 

@@ -11,6 +11,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +20,7 @@ import numpy as np
 from characters.config import SessionConfig
 from characters.cpu import freeze_heap
 from characters.media import Mp4Writer
-from characters.pacing import SegmentEvent
+from characters.pacing import SegmentEvent, speech_prefix
 from characters.telemetry import StageTime
 from deployments import telemetry
 from deployments.livekit.config import LiveKitOutput
@@ -136,6 +137,20 @@ def frames_digest(frames: np.ndarray) -> str:
     return f"{zlib.crc32(data[:half]):08x}{zlib.crc32(data[half:]):08x}"
 
 
+@dataclass(frozen=True)
+class _First:
+    """An onset's first frames, playing (`RoomWorker.publish_first`), until `publish` takes the rest."""
+
+    frames: Frames
+    samples: int  # the audio that went with them
+    speech_after: int  # speech samples in the rest of the window
+    cut_s: float
+    now: float
+    late: bool
+    lateness: float
+    publish: StageTime
+
+
 class RoomWorker:
     """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
 
@@ -156,6 +171,8 @@ class RoomWorker:
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
         self.session_id: str | None = None
         self._playback: deque[SegmentEvent] = deque(maxlen=256)  # from the room's thread, taken by `publish`
+        self._held: Frames | None = None  # a whole chunk `publish_first` got, for `publish`
+        self._first: _First | None = None  # an onset's head `publish_first` published
 
     def open(self, session_id: str, output: OutputSpec | LiveKitOutput, path: str | None = None,
              session: Any = None, max_duration_s: float | None = None) -> None:
@@ -194,24 +211,62 @@ class RoomWorker:
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
         self._late_seen, self._stall_seen = 0, 0.0
         self._playback.clear()
+        self._held = self._first = None
         self.session_id = session_id
 
-    def publish(self, inp: ChunkInput, frames: Frames) -> ChunkReport:
-        if self.sink is None or frames.session_id != self.session_id or (inp.session_id, inp.chunk) != (
-                frames.session_id, frames.chunk):
-            raise SessionMismatch(
-                f"room for session {self.session_id!r} got frames of {frames.session_id!r} chunk {frames.chunk} "
-                f"with audio of {inp.session_id!r} chunk {inp.chunk}; open the room for the session first"
-            )
+    def publish_first(self, inp: ChunkInput, first: Frames) -> int:
+        """A chunk's first part (`DecoderWorker.decode_first`). A speech onset's first frame goes out at once, with
+        its share of the audio, cutting idle content ahead of it: the viewer sees and hears the onset after about
+        half of the chunk's decode. A whole chunk (any other) is held for `publish`, which comes next. Returns
+        the frames published (0: held)."""
+        self._check(inp, first)
+        self._held = self._first = None
+        sink = self.sink
+        assert sink is not None
+        f = self.cfg.model.generation.frames_per_chunk
+        if len(first.frames) >= f or not inp.onset or self.onset_slack_s is None:
+            self._held = first
+            return 0
         t0 = time.time_ns()
         now = self.clock()
         late, lateness = self.meter.on_chunk(now)
-        onset = inp.onset and self.onset_slack_s is not None
-        cut_s = self.sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at, onset=onset, early_s=inp.early_s)
-        # the stage ends where the output has the chunk (a LiveKit playout plays it from here on): the digest
-        # below is bookkeeping after it, off the path to the viewer (3.9 ms at 4 x 704x1088 on a 2-core EPYC)
-        stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
-        digest = frames_digest(frames.frames)
+        n = len(first.frames) * inp.pcm.size // f  # the samples that play with these frames (`characters.pacing`)
+        speech = speech_prefix(inp.pcm)
+        cut_s = sink.write(first.frames, inp.pcm[:n], speech_samples=min(speech, n), submitted_at=inp.submitted_at,
+                           onset=True, early_s=inp.early_s)
+        self._first = _First(first, n, speech - min(speech, n), cut_s, now, late, lateness,
+                             StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
+        return len(first.frames)
+
+    def publish(self, inp: ChunkInput, frames: Frames, shown: int | None = None) -> ChunkReport:
+        """Chunk k's frames and its audio into the output; the chunk's report. After `publish_first` (`shown`:
+        its answer, which orders the two in the graph): the frames it left, with the rest of the audio."""
+        self._check(inp, frames)
+        held, first, self._held, self._first = self._held, self._first, None, None
+        sink = self.sink
+        assert sink is not None
+        if first is not None and first.frames.chunk == inp.chunk:  # an onset's rest: its head is playing
+            sink.write(frames.frames, inp.pcm[first.samples:], speech_samples=first.speech_after, onset=False,
+                       early_s=inp.early_s)  # (no submit time: the head's arrival said how long the chunk took)
+            now, late, lateness, cut_s = first.now, first.late, first.lateness, first.cut_s
+            stages = (*frames.stages, first.publish)  # the onset's publish: its head's, which the viewer waits on
+            all_frames = np.concatenate([first.frames.frames, frames.frames])
+            head = len(first.frames.frames)
+        else:
+            if held is not None and held.chunk == inp.chunk:  # the whole chunk came as `publish_first`'s part
+                frames = Frames(held.session_id, held.chunk, np.concatenate([held.frames, frames.frames])
+                                if len(frames.frames) else held.frames, (*held.stages, *frames.stages))
+            t0 = time.time_ns()
+            now = self.clock()
+            late, lateness = self.meter.on_chunk(now)
+            onset = inp.onset and self.onset_slack_s is not None
+            cut_s = sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at, onset=onset,
+                               early_s=inp.early_s)
+            # the stage ends where the output has the chunk (a LiveKit playout plays it from here on): the digest
+            # below is bookkeeping after it, off the path to the viewer (3.9 ms at 4 x 704x1088 on a 2-core EPYC)
+            stages = (*frames.stages, StageTime(inp.chunk, "publish", t0, time.time_ns() - t0, "host"))
+            all_frames, head = frames.frames, 0
+        digest = frames_digest(all_frames)
         buffer_s, av_offset_s = self.meter.queued_s(now), float(getattr(self.sink, "av_offset_s", 0.0))
         presented, dry = 0.0, 0
         if (room := getattr(self.sink, "latest_stats", None)) is not None:  # LiveKit: its playout's measurements
@@ -225,8 +280,17 @@ class RoomWorker:
         playback = []
         while self._playback:
             playback.append(self._playback.popleft())
-        return ChunkReport(inp.session_id, inp.chunk, len(frames.frames), late, lateness, self.meter.delivered_fps,
-                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback), cut_s, dry)
+        return ChunkReport(inp.session_id, inp.chunk, len(all_frames), late, lateness, self.meter.delivered_fps,
+                           digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback), cut_s, dry,
+                           head)
+
+    def _check(self, inp: ChunkInput, frames: Frames) -> None:
+        if self.sink is None or frames.session_id != self.session_id or (inp.session_id, inp.chunk) != (
+                frames.session_id, frames.chunk):
+            raise SessionMismatch(
+                f"room for session {self.session_id!r} got frames of {frames.session_id!r} chunk {frames.chunk} "
+                f"with audio of {inp.session_id!r} chunk {inp.chunk}; open the room for the session first"
+            )
 
     def close(self) -> None:
         """Finish the output (the MP4 trailer). Idempotent."""

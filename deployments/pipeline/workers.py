@@ -109,6 +109,7 @@ class ChunkReport:
     playback: tuple[SegmentEvent, ...] = ()  # speech segments that started or finished since the last report
     cut_s: float = 0.0  # an onset chunk: idle content the room cut ahead of it (the chunk clock moves as much)
     audio_dry: int = 0  # times the output's audio queue had run empty so far (a gap heard; LiveKit rooms)
+    head_frames: int = 0  # frames that went out before the rest of the chunk (an onset's first: `publish_first`)
 
 
 class SessionMismatch(RuntimeError):
@@ -315,6 +316,7 @@ class DecoderWorker:
         self.encoder: ReferenceEncoder | None = None
         self.session_id: str | None = None
         self.chunk = 0
+        self._rest: tuple[int, tuple[StageTime, ...]] | None = None  # a chunk's rest is due: (its t0, stages so far)
         m = cfg.model
         self.latent_shape = (1, m.dit.latent_channels, m.generation.latent_frames_per_chunk, *m.latent_hw)
         self._references: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # image digest -> (1, C, h, w) latent
@@ -341,8 +343,11 @@ class DecoderWorker:
             g = self.cfg.model.generation
             encoder.encode(np.zeros((g.height, g.width, 3), np.uint8))
             runner.start()
+            zeros = torch.zeros(self.latent_shape, device=self.device)
             for _ in range(steps):
-                runner.decode(torch.zeros(self.latent_shape, device=self.device))
+                runner.decode(zeros)
+                runner.decode_first(zeros)  # an onset's two parts: their shapes are warm before the first onset
+                runner.decode_rest()
             if self.device.type == "cuda":
                 runner.capture_graph()
             runner.start()
@@ -384,24 +389,60 @@ class DecoderWorker:
         if runner.recorder is not None:
             runner.recorder.reset()
             runner.recorder.anchor()  # as DiT rank 0 does: the handoff compares the two GPUs' times on the host clock
-        self.session_id, self.chunk = session_id, 0
+        self.session_id, self.chunk, self._rest = session_id, 0, None
 
     def decode(self, latents: Latents, *acks: Ack) -> Frames:
         """Chunk k's latents (from DiT rank 0; acks from the other ranks) -> its (F, H, W, 3) uint8 frames."""
         runner, _ = self._parts()
+        z = self._latents(latents, acks)
+        t0 = time.time_ns()
+        frames = runner.decode(z).cpu().numpy()  # (F, H, W, 3) uint8 (the copy to host waits for the decode)
+        return self._frames(frames, latents, t0)
+
+    def decode_first(self, inp: ChunkInput, latents: Latents, *acks: Ack) -> Frames:
+        """`decode`, but a speech onset's chunk (`inp.onset`) in two parts: this returns its first frame, made in
+        about half of the chunk's decode (`CausalDecoder.decode_first`), for the room to play at once; `decode_rest`
+        the rest. Any other chunk: all its frames here, and none from `decode_rest` (the graph calls both)."""
+        if not inp.onset:
+            return self.decode(latents, *acks)
+        runner, _ = self._parts()
+        z = self._latents(latents, acks)
+        self._rest = (time.time_ns(), tuple(getattr(latents, "stages", ())))
+        return Frames(inp.session_id, self.chunk, runner.decode_first(z).cpu().numpy())  # (1, H, W, 3) uint8
+
+    def decode_rest(self, first: Frames) -> Frames:
+        """The frames of `first`'s chunk after it (`decode_first`); none when `first` was the whole chunk."""
+        runner, _ = self._parts()
+        if self._rest is None:
+            return Frames(first.session_id, first.chunk, first.frames[:0])  # (0, H, W, 3): all went with `first`
+        if (first.session_id, first.chunk) != (self.session_id, self.chunk):
+            raise SessionMismatch(f"decoder at chunk {self.chunk} of {self.session_id!r} asked for the rest of chunk "
+                                  f"{first.chunk} of {first.session_id!r}")
+        (t0, stages), self._rest = self._rest, None
+        frames = runner.decode_rest().cpu().numpy()  # (F - 1, H, W, 3) uint8
+        return self._frames(frames, stages, t0)
+
+    def _latents(self, latents: Latents, acks: tuple[Ack, ...]) -> torch.Tensor:
         if self.session_id is None:
             raise SessionMismatch("decoder got latents before start(); start the session on this worker first")
+        if self._rest is not None:
+            raise SessionMismatch(f"decoder got chunk {latents.header.chunk}'s latents before the rest of chunk "
+                                  f"{self.chunk}: call decode_rest first")
         z = unpack(latents, session_id=self.session_id, chunk=self.chunk, shape=self.latent_shape)
         stale = [a for a in acks if a.chunk != self.chunk]
         if stale:
             raise SessionMismatch(f"decoder at chunk {self.chunk} got acks {stale} from other chunks")
-        t0 = time.time_ns()
-        frames = runner.decode(z).cpu().numpy()  # (F, H, W, 3) uint8 (the copy to host waits for the decode)
+        return z
+
+    def _frames(self, frames: np.ndarray, came_with: Latents | tuple[StageTime, ...], t0: int) -> Frames:
+        """The chunk's (last) frames, with the stage times so far; the decoder moves on a chunk."""
+        assert self.session_id is not None
         self.chunk += 1
-        rec = runner.recorder
+        rec = self._parts()[0].recorder
         if rec is None:
             return Frames(self.session_id, self.chunk - 1, frames)
-        stages = [*getattr(latents, "stages", ()), *rec.harvest()]
+        before = came_with if isinstance(came_with, tuple) else getattr(came_with, "stages", ())
+        stages = [*before, *rec.harvest()]
         if rec.cuda:
             stages.append(StageTime(self.chunk - 1, "decode", t0, time.time_ns() - t0, "host"))
         return Frames(self.session_id, self.chunk - 1, frames, tuple(stages))
@@ -409,7 +450,7 @@ class DecoderWorker:
     def reset(self) -> None:
         if self.runner is not None:
             self.runner.start()
-        self.session_id, self.chunk = None, 0
+        self.session_id, self.chunk, self._rest = None, 0, None
 
     def ping(self) -> str:
         return "decoder"

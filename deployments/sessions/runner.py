@@ -355,7 +355,8 @@ class SessionRunner:
             s.stage_ms = self._stages.p50()
             detail = f"digest={report.digest} late={int(report.late)}" + (
                 f" cut_ms={report.cut_s * 1e3:.1f}" if report.cut_s else "") + (
-                f" audio_dry={report.audio_dry}" if report.audio_dry else "") + "".join(
+                f" audio_dry={report.audio_dry}" if report.audio_dry else "") + (
+                f" head_frames={report.head_frames}" if report.head_frames else "") + "".join(
                 f" {t.stage}_ms={t.duration_ns / 1e6:.1f}" for t in report.stages
                 if t.chunk == report.chunk and t.source == "host" and t.stage in ("dit", "decode"))
             self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,

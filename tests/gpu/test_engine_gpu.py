@@ -67,8 +67,12 @@ def test_steps_never_synchronise() -> None:
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for pcm in pcms:
-            decoder.decode(runner.step(pcm))
+        for k, pcm in enumerate(pcms):
+            if k % 2:  # a speech onset's chunk: its first frame, then the rest (each a graph replay)
+                decoder.decode_first(runner.step(pcm))
+                decoder.decode_rest()
+            else:
+                decoder.decode(runner.step(pcm))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -112,3 +116,38 @@ def test_window_decoder_graph_is_as_accurate_as_the_concatenating_path(preset: s
         err_plain, err_serving = (plain[k] - exact[k]).abs().mean(), (serving[k] - exact[k]).abs().mean()
         assert err_serving <= 1.1 * err_plain + 0.05, (k, err_serving.item(), err_plain.item())
         assert (serving[k] - exact[k]).abs().max() <= (plain[k] - exact[k]).abs().max() + 4
+
+
+@pytest.mark.parametrize("preset", ["tiny", "wan-1.3b"])
+def test_decoder_first_frame_then_rest_is_the_whole_chunk(preset: str) -> None:
+    """An onset's chunk in two parts (`decode_first` + `decode_rest`, each its own graph) gives the whole chunk's
+    frames, as accurate against float32 as the whole chunk's graph, and the stream goes on as if decoded whole
+    (chunks alternate: two parts, whole, ...; the 1.3B preset has 3 latent frames, 12 video frames, a chunk)."""
+    z = torch.randn(4, 1, 16, 3, 60, 104, generator=torch.Generator().manual_seed(4)).cuda()
+
+    def frames(dtype: str, split: bool, **kw: bool) -> list[torch.Tensor]:
+        cfg = session_config(preset, "gpu1", seed=2, dtype=dtype)
+        h, w = cfg.model.latent_hw
+        cf = cfg.model.generation.latent_frames_per_chunk
+        runner = DecoderRunner(cfg, device="cuda", **kw)
+        if dtype == "bfloat16":
+            runner.capture_graph()
+        runner.start()
+        out = []
+        for k in range(4):
+            zk = z[k, :, : cfg.model.vae.latent_channels, :cf, :h, :w]
+            if split and k % 2:
+                first = runner.decode_first(zk)
+                assert len(first) == 1
+                out.append(torch.cat([first, runner.decode_rest()]).float())
+            else:
+                out.append(runner.decode(zk).float())
+        return out
+
+    exact = frames("float32", False, windows=True)
+    whole, parts = frames("bfloat16", False), frames("bfloat16", True)
+    for k in range(4):
+        assert parts[k].shape == whole[k].shape == exact[k].shape
+        err_whole, err_parts = (whole[k] - exact[k]).abs().mean(), (parts[k] - exact[k]).abs().mean()
+        assert err_parts <= 1.1 * err_whole + 0.05, (k, err_parts.item(), err_whole.item())
+        assert (parts[k] - exact[k]).abs().max() <= (whole[k] - exact[k]).abs().max() + 4

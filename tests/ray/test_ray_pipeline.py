@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import ray
 from deploy_helpers import (
+    all_events,
     chunk_digests,
     info,
     reference_digests,
@@ -54,6 +55,10 @@ def test_tiny_session_streams_through_the_compiled_graph(tmp_path: Path) -> None
         ray.get(sched.push_audio.remote("tiny", np.repeat(tone, 2).tobytes(), 48000, 2))  # 1 s stereo 48 kHz
         done = wait_status(sched, "tiny", SessionStatus.ENDED, timeout_s=60)
         assert done.reason == "max_duration"
+        # the tone after silence is a speech onset: its chunk went out in two parts (first frame, then the rest)
+        heads = [e.chunk for e in all_events(sched, "tiny")
+                 if e.kind == "chunk" and "head_frames=1" in (e.detail or "")]
+        assert len(heads) == 1, heads
         stats = done.stats
         print("\ntiny session on CPU bundles:", json.dumps(
             {"chunks": stats.chunks, "delivered_fps": round(stats.fps, 2), "late_chunks": stats.late_chunks,

@@ -18,6 +18,7 @@ from deployments.pipeline.workers import (
     STAGES,
     Ack,
     ChunkInput,
+    ChunkReport,
     DecoderWorker,
     DiTWorker,
     Frames,
@@ -257,3 +258,71 @@ def test_the_dit_raises_its_priority_for_urgent_chunks_only(workers: tuple[DiTWo
     assert asked == [-10, calm, -10]
     dit.step(ChunkInput("u", 5, pcm(5)))  # back to calm for the next test
     dit.reset()
+
+
+class Recording:
+    """A media sink that keeps what the room writes, in order (the room is under test, not its output)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[int, int, int | None, bool]] = []  # (frames, samples, speech samples, onset)
+        self.frames: list[np.ndarray] = []
+
+    def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+        self.writes.append((len(frames), pcm.size, speech_samples, onset))
+        self.frames.append(frames.copy())
+        return 0.05 if onset else 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_onsets_first_frame_goes_out_before_its_rest(workers: tuple[DiTWorker, DecoderWorker],
+                                                        cfg: SessionConfig) -> None:
+    """Through `decode_first` -> `publish_first`, then `decode_rest` -> `publish` (the compiled graph's four calls):
+    a speech onset's chunk reaches the output as its first frame with its share of the audio, then the other three
+    with the rest; any other chunk goes whole. The frames are the plain path's (within 1 where float rounding meets
+    a .5 tie: the first frame's convolutions sum in another order), and so are the chunks after it."""
+    dit, dec = workers
+    image = np.random.default_rng(2).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+
+    def session(sid: str, parts: bool) -> tuple[Recording, list[ChunkReport]]:
+        for w in (dit, dec):
+            w.reset()
+        room = RoomWorker(cfg)
+        dit.start(sid, dec.encode_reference(sid, image), seed=11)
+        dec.start(sid)
+        room.open(sid, OutputSpec())
+        sink = room.sink = Recording()
+        reports = []
+        for k in range(4):
+            inp = ChunkInput(sid, k, pcm(k), onset=k == 2)
+            latents = dit.step(inp)
+            assert not isinstance(latents, Ack)
+            if not parts:
+                reports.append(room.publish(inp, dec.decode(latents)))
+                continue
+            first = dec.decode_first(inp, latents)
+            rest = dec.decode_rest(first)
+            assert (len(first.frames), len(rest.frames)) == ((1, 3) if k == 2 else (4, 0))
+            shown = room.publish_first(inp, first)
+            assert shown == (1 if k == 2 else 0)
+            reports.append(room.publish(inp, rest, shown))
+        return sink, reports
+
+    plain, plain_reports = session("plain", parts=False)
+    sink, reports = session("parts", parts=True)
+    n = pcm(2).size
+    assert [w[:2] for w in plain.writes] == [(4, pcm(k).size) for k in range(4)] and plain.writes[2][3]
+    assert sink.writes == [(4, pcm(0).size, None, False), (4, pcm(1).size, None, False),
+                           (1, n // 4, n // 4, True), (3, n - n // 4, n - n // 4, False),
+                           (4, pcm(3).size, None, False)]
+    got, want = np.concatenate(sink.frames).astype(int), np.concatenate(plain.frames).astype(int)
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1 and (got != want).mean() < 1e-3
+    assert [r.digest for r in reports][3] == plain_reports[3].digest  # the stream goes on exactly
+    assert [r.frames for r in reports] == [4] * 4 and reports[2].cut_s == 0.05
+    assert [r.head_frames for r in reports] == [0, 0, 1, 0]
+    assert [s.stage for s in reports[2].stages].count("publish") == 1  # the head's: the one the viewer waits on
+    dec.decode_first(ChunkInput("parts", 4, pcm(4), onset=True), dit.step(ChunkInput("parts", 4, pcm(4))))
+    with pytest.raises(SessionMismatch, match="before the rest of chunk 4"):
+        dec.decode_first(ChunkInput("parts", 5, pcm(5)), dit.step(ChunkInput("parts", 5, pcm(5))))

@@ -14,6 +14,7 @@ from characters.vae import (
     CausalDecoder,
     DecoderState,
     FrameAttention,
+    Upsample,
     VAEEncoder,
     decoder_flops_per_chunk,
     decoder_param_count,
@@ -398,3 +399,46 @@ def test_a_wider_temporal_last_stage_streams_and_serves_as_the_generic_decoder(c
     d.prepare_cpu()
     windowed = d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=chunk)
     torch.testing.assert_close(_stream(d, z, chunk, windowed), whole, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_PS, SMALL_PS_WIDE], ids=["conv", "pixel_shuffle", "wide_temporal_last"])
+@pytest.mark.parametrize("uint8", [False, True], ids=["float", "uint8"])
+@torch.inference_mode()
+def test_a_chunks_first_frame_then_its_rest_are_the_whole_chunk(cfg: VAEConfig, uint8: bool, one_thread: None) -> None:
+    """`decode_first` + `decode_rest` (a speech onset's chunk) give the whole chunk's frames and leave the state where
+    decoding it whole would: a stream with every other chunk in two parts (1 + 3 frames, then 2 + 2) is the stream
+    decoded whole, to float rounding (uint8: within 1, as `frames_uint8` is of the float frames)."""
+    d = _prepared(cfg)
+    if uint8:
+        d.prepare_cpu()
+    assert isinstance(d.blocks[d.split - 1], Upsample) and d.blocks[d.split - 1].time_conv is not None
+    assert not any(isinstance(b, Upsample) and b.time_conv is not None for b in d.blocks[d.split :])
+    z = _latents(5)
+    whole_state, parts_state = (d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=1) for _ in range(2))
+    for k in range(5):
+        zk = z[:, :, k : k + 1]
+        whole = d.frames_uint8(zk, whole_state) if uint8 else d.decode_chunk(zk, whole_state)
+        if k % 2:
+            n = 1 if k == 1 else 2
+            first = d.decode_first(zk, parts_state, n, uint8=uint8)
+            assert first.shape[1 if uint8 else 2] == n
+            got = torch.cat([first, d.decode_rest(parts_state, n, uint8=uint8)], dim=1 if uint8 else 2)
+        else:
+            got = d.frames_uint8(zk, parts_state) if uint8 else d.decode_chunk(zk, parts_state)
+        assert got.shape == whole.shape
+        if uint8:
+            assert int((got.int() - whole.int()).abs().max()) <= 1, k
+        else:
+            torch.testing.assert_close(got, whole, atol=2e-5, rtol=0)
+    assert whole.float().std() > 0.05  # not a constant output
+
+
+def test_decode_first_and_rest_are_refused_out_of_turn(decoder: CausalDecoder) -> None:
+    state = decoder.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=1)
+    with pytest.raises(ValueError, match="without decode_first"):
+        decoder.decode_rest(state)
+    for frames in (0, 4):
+        with pytest.raises(ValueError, match=r"takes 1 \.\. 3 frames of a chunk of 4"):
+            decoder.decode_first(_latents(1), state, frames)
+    with pytest.raises(ValueError, match="serving state"):
+        decoder.decode_first(_latents(1), decoder.init_state(1, *LATENT_HW, "cpu", torch.float32))
