@@ -353,13 +353,16 @@ class Playout:
 
     # ----------------------------------------------------------------------------- chunks
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-             submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+             submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+             continues: bool = False) -> float:
         """Queue a generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 window that made them.
         `submitted_at`: when the generator took that window (on this playout's clock): segment starts then
         say where their latency went (`SegmentEvent.split`). `onset`: a speech onset, played as soon as it
         can (see the module docstring). `early_s`: the generator took its window that long before its boundary (its
         audio was queued): the slack that bought is the generator's, not the pipeline's, and the idle trimming does
-        not count it. Returns the seconds of idle content cut ahead of it (0.0 mostly)."""
+        not count it. `continues`: the rest of the chunk pushed last, whose first frames went ahead of it (an onset's
+        first frame, made before the rest): the same chunk, by its index. Returns the seconds of idle content cut
+        ahead of it (0.0 mostly)."""
         c = self.cfg
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 1:
             raise ValueError(f"frames must be (F, H, W, 3) uint8 with F >= 1, got {frames.shape} {frames.dtype}")
@@ -379,8 +382,9 @@ class Playout:
         self._arrived = now
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
         spans = self._take_speech(speech, now)
-        chunk = _Chunk(frames, len(frames), pcm, spans, now, self._pushed, submitted_at, early_s=max(0.0, early_s))
-        self._pushed += 1
+        index = self._pushed - 1 if continues and self._pushed else self._pushed
+        chunk = _Chunk(frames, len(frames), pcm, spans, now, index, submitted_at, early_s=max(0.0, early_s))
+        self._pushed = index + 1
         if any(owner == CLEARED for owner, _, _ in spans):
             self._skip(chunk)
             chunk.blank()

@@ -69,14 +69,15 @@ class MediaPublisher:
         self._task.add_done_callback(self._done)
 
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-             submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+             submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+             continues: bool = False) -> float:
         """Queue a chunk for playout (see `Playout.push`: returns the seconds cut ahead of an onset); wakes the
         playout task. The arrays are kept until played: the caller must not modify them afterwards."""
         h, w = self.media.height, self.media.width
         if frames.ndim != 4 or frames.shape[1:] != (h, w, 3):
             raise ValueError(f"frames are {frames.shape}, the video track takes (F, {h}, {w}, 3); publish at the "
                              "preset's resolution")
-        cut = self.playout.push(frames, pcm, speech_samples, submitted_at, onset, early_s)
+        cut = self.playout.push(frames, pcm, speech_samples, submitted_at, onset, early_s, continues)
         self._wake.set()
         return cut
 

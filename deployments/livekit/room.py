@@ -192,12 +192,14 @@ class LiveKitRoom:
             room.unregister_byte_stream_handler(AUDIO_STREAM_TOPIC)
 
     def push_chunk(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-                   submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+                   submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+                   continues: bool = False) -> float:
         """A generated chunk: (F, H, W, 3) uint8 frames and the (n,) float32 16 kHz audio that made them;
         `submitted_at`: when the generator took that audio (the room's clock), for `SegmentEvent.split`; `onset`:
-        a speech onset, played at once (`Playout.push`). Returns the seconds of idle content cut ahead of it."""
+        a speech onset, played at once (`Playout.push`); `continues`: the rest of the chunk pushed last. Returns the
+        seconds of idle content cut ahead of it."""
         if self.publisher is not None and not self.ended.is_set():
-            return self.publisher.push(frames, pcm, speech_samples, submitted_at, onset, early_s)
+            return self.publisher.push(frames, pcm, speech_samples, submitted_at, onset, early_s, continues)
         return 0.0
 
     async def _refresh_snapshot(self) -> None:

@@ -85,7 +85,8 @@ class LiveKitSink:
             raise
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+              continues: bool = False) -> float:
         """Queue chunk k's (F, H, W, 3) uint8 frames and its (n,) float32 audio for playout (copied).
         `speech_samples`: how many leading samples are agent speech (inferred when None); `submitted_at`: when
         the chunk loop took that audio (monotonic, this node), for segment starts; `early_s`: how long before its
@@ -102,7 +103,7 @@ class LiveKitSink:
             self.dropped_writes += 1
             return 0.0
         # copies (~0.6 MB per tiny chunk): a compiled graph's channel may reuse the buffers the arrays view
-        args = (room, np.array(frames), np.array(pcm), speech_samples, submitted_at, early_s, onset)
+        args = (room, np.array(frames), np.array(pcm), speech_samples, submitted_at, early_s, continues, onset)
         if not onset:
             loop.call_soon_threadsafe(self._push, *args)
             return 0.0
@@ -190,9 +191,9 @@ class LiveKitSink:
             raise
 
     def _push(self, room: LiveKitRoom, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None,
-              submitted_at: float | None, early_s: float, onset: bool) -> float:
+              submitted_at: float | None, early_s: float, continues: bool, onset: bool) -> float:
         try:
-            return room.push_chunk(frames, pcm, speech_samples, submitted_at, onset, early_s)
+            return room.push_chunk(frames, pcm, speech_samples, submitted_at, onset, early_s, continues)
         except ValueError as e:
             self.dropped_writes += 1
             log.error("chunk refused by the playout: %s", e)

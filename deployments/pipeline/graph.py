@@ -20,6 +20,8 @@ A chunk travels from the decoder to the room in two parts: a speech onset's firs
 the chunk's decode: `characters.vae.CausalDecoder.decode_first`) goes out while the decoder makes the other
 three, so the viewer hears the onset that much sooner; any other chunk goes whole in the first part. Over plain
 actor calls only onsets take the two calls, the rest `DecoderWorker.decode` and `RoomWorker.publish`.
+`ServiceConfig.onset_first_frame` turns it on or off (by default on for GPU decoders only); off, an onset too goes
+whole in the first part.
 
 The driver uses the graph's synchronous API from the session's loop thread: in Ray 2.60 the asyncio
 API (`execute_async`) resolves a failed execution with a `RayChannelError` *value*, which
@@ -204,14 +206,16 @@ class CompiledPipeline:
 class ActorCallPipeline:
     """The same chunk flow over plain actor calls (one task per worker per chunk)."""
 
-    def __init__(self, workers: Workers) -> None:
-        self.w = workers
+    def __init__(self, workers: Workers, first_frame: bool = False) -> None:
+        """`first_frame`: onsets in two parts (`ServiceConfig.onset_first_frame`, as the decoder resolved it)."""
+        self.w, self.first_frame = workers, first_frame
         self.refs: deque[Any] = deque()
 
     def submit(self, inp: ChunkInput) -> None:
         ref = ray.put(inp)
         outs = [w.step.remote(ref) for w in self.w.dits]
-        if inp.onset:  # its first frame first (`DecoderWorker.decode_first`); each actor runs its calls in order
+        if inp.onset and self.first_frame:  # its first frame first (`DecoderWorker.decode_first`)
+            # (each actor runs its calls in the order they were made)
             first = self.w.decoder.decode_first.remote(ref, *outs)
             rest = self.w.decoder.decode_rest.remote(first)
             shown = self.w.room.publish_first.remote(ref, first)

@@ -32,9 +32,10 @@ class MediaSink(Protocol):
     """Where a session's frames and audio go; the seam where a LiveKit publisher plugs in later."""
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float: ...
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+              continues: bool = False) -> float: ...
     # (F, H, W, 3) uint8, (n,) float32; returns the seconds of idle content cut ahead of an onset (a sink with a
-    # playout timeline, `LiveKitSink`; 0.0 for the others)
+    # playout timeline, `LiveKitSink`; 0.0 for the others); `continues`: the rest of the chunk written last
 
     def close(self) -> None: ...
 
@@ -46,7 +47,8 @@ class NullSink:
         self.frames = 0
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+              continues: bool = False) -> float:
         self.frames += len(frames)
         return 0.0
 
@@ -62,7 +64,8 @@ class Mp4Sink:
         self.writer = Mp4Writer(path, width, height, fps=fps, sample_rate=sample_rate)
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+              continues: bool = False) -> float:
         self.writer.write_frames(frames)
         self.writer.write_audio(pcm)
         return 0.0
@@ -246,8 +249,9 @@ class RoomWorker:
         sink = self.sink
         assert sink is not None
         if first is not None and first.frames.chunk == inp.chunk:  # an onset's rest: its head is playing
+            # (no submit time: the head's arrival said how long the chunk took)
             sink.write(frames.frames, inp.pcm[first.samples:], speech_samples=first.speech_after, onset=False,
-                       early_s=inp.early_s)  # (no submit time: the head's arrival said how long the chunk took)
+                       early_s=inp.early_s, continues=True)
             now, late, lateness, cut_s = first.now, first.late, first.lateness, first.cut_s
             stages = (*frames.stages, first.publish)  # the onset's publish: its head's, which the viewer waits on
             all_frames = np.concatenate([first.frames.frames, frames.frames])

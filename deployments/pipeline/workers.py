@@ -154,6 +154,13 @@ class StageTimer:
                                "run every stage first")
 
 
+def first_frame_on(mode: str, device: str) -> bool:
+    """`ServiceConfig.onset_first_frame` for a decoder on `device` (cpu | cuda): auto is on for CUDA only."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"onset_first_frame={mode!r}: one of auto, on, off")
+    return mode == "on" or (mode == "auto" and device == "cuda")
+
+
 def _device(use_gpus: bool, cpu_threads: int) -> torch.device:
     """CUDA device 0 (Ray's CUDA_VISIBLE_DEVICES maps it to this actor's GPU) or the CPU."""
     if use_gpus and torch.cuda.is_available():
@@ -304,10 +311,12 @@ class DecoderWorker:
 
     def __init__(self, cfg: SessionConfig, *, use_gpus: bool = False, auto_dtype: bool = True,
                  cpu_threads: int | None = None, trace_context: Mapping[str, str] | None = None,
-                 nice: int | None = None) -> None:
+                 nice: int | None = None, first_frame: str = "auto") -> None:
         """`cpu_threads`: intra-op threads on a CPU (default: the topology's `decoder_cpu_threads`); `nice`: the
-        process's nice value (`realtime`)."""
+        process's nice value (`realtime`); `first_frame`: `ServiceConfig.onset_first_frame`."""
         realtime(nice, "decoder")
+        self.first_frame_mode = first_frame
+        self.first_frame = False  # onsets in two parts (`decode_first`); resolved by `init_device`
         self.cfg, self.use_gpus, self.auto_dtype = cfg, use_gpus, auto_dtype
         self.cpu_threads = cpu_threads or cfg.topology.decoder_cpu_threads
         self.timer = StageTimer(on_stage=stage_spans("decoder", None, trace_context, STAGES[-1]))
@@ -326,6 +335,7 @@ class DecoderWorker:
         with self.timer.stage("init_device"):
             self.device = _device(self.use_gpus, self.cpu_threads)
             self.cfg = _device_config(self.cfg, self.device, self.auto_dtype)
+            self.first_frame = first_frame_on(self.first_frame_mode, self.device.type)
         return self.device.type
 
     def init_process_group(self) -> None:
@@ -403,7 +413,7 @@ class DecoderWorker:
         """`decode`, but a speech onset's chunk (`inp.onset`) in two parts: this returns its first frame, made in
         about half of the chunk's decode (`CausalDecoder.decode_first`), for the room to play at once; `decode_rest`
         the rest. Any other chunk: all its frames here, and none from `decode_rest` (the graph calls both)."""
-        if not inp.onset:
+        if not (inp.onset and self.first_frame):
             return self.decode(latents, *acks)
         runner, _ = self._parts()
         z = self._latents(latents, acks)

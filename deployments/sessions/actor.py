@@ -27,7 +27,7 @@ from deployments.pipeline.graph import (
     classify,
     graph_mode,
 )
-from deployments.pipeline.workers import ChunkReport, realtime
+from deployments.pipeline.workers import ChunkReport, first_frame_on, realtime
 from deployments.sessions.recovery import History, Resume, prime, prime_windows
 from deployments.sessions.runner import AudioBuffer, Outcome, Report, SessionRunner, keeps_real_time
 from deployments.settings import ServiceConfig
@@ -264,7 +264,7 @@ class SessionActor:
 
     def _make_pipeline(self) -> Pipeline:
         if graph_mode(self.service.graph, self.workers.device) == "actor_calls":
-            return ActorCallPipeline(self.workers)
+            return ActorCallPipeline(self.workers, first_frame_on(self.service.onset_first_frame, self.workers.device))
         g = self.cfg.model.generation
         frame_bytes = g.frames_per_chunk * g.height * g.width * 3
         return CompiledPipeline(self.workers, depth=self.service.pipeline_depth,

@@ -126,7 +126,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
             name=worker_name(slot_id, "decoder"), namespace=NAMESPACE, lifetime="detached",
             scheduling_strategy=slot.strategy(b),
             **_share(spec, b, use_gpus)).remote(cfg, use_gpus=use_gpus, auto_dtype=auto, trace_context=trace,
-                                                nice=service.realtime_nice)
+                                                nice=service.realtime_nice, first_frame=service.onset_first_frame)
         b = spec.bundle_of("room")
         slot.room = ray.remote(RoomWorker).options(
             name=worker_name(slot_id, "room"), namespace=NAMESPACE, lifetime="detached",

@@ -45,7 +45,7 @@ def cluster() -> Iterator[None]:
 def test_tiny_session_streams_through_the_compiled_graph(tmp_path: Path) -> None:
     """The real tiny preset on CPU bundles, 8 s of video to an MP4 with the agent's audio muxed in."""
     service = ServiceConfig(preset="tiny", topology="cpu", use_gpus=False, output_dir=str(tmp_path),
-                            placement_timeout_s=60.0, graph="compiled")
+                            placement_timeout_s=60.0, graph="compiled", onset_first_frame="on")
     with scheduler(service, "t-tiny") as sched:
         s = spec("tiny", service, output=OutputSpec("file", "tiny.mp4"), max_duration_s=8.0)
         assert ray.get(sched.create_session.remote(s)).status is SessionStatus.STARTING
@@ -55,7 +55,8 @@ def test_tiny_session_streams_through_the_compiled_graph(tmp_path: Path) -> None
         ray.get(sched.push_audio.remote("tiny", np.repeat(tone, 2).tobytes(), 48000, 2))  # 1 s stereo 48 kHz
         done = wait_status(sched, "tiny", SessionStatus.ENDED, timeout_s=60)
         assert done.reason == "max_duration"
-        # the tone after silence is a speech onset: its chunk went out in two parts (first frame, then the rest)
+        # the tone after silence is a speech onset: its chunk went out in two parts (first frame, then the rest; on
+        # for this test: by default only GPU decoders do)
         heads = [e.chunk for e in all_events(sched, "tiny")
                  if e.kind == "chunk" and "head_frames=1" in (e.detail or "")]
         assert len(heads) == 1, heads

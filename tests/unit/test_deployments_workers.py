@@ -24,6 +24,7 @@ from deployments.pipeline.workers import (
     Frames,
     SessionMismatch,
     StageTimer,
+    first_frame_on,
 )
 from deployments.types import OutputSpec
 
@@ -264,12 +265,13 @@ class Recording:
     """A media sink that keeps what the room writes, in order (the room is under test, not its output)."""
 
     def __init__(self) -> None:
-        self.writes: list[tuple[int, int, int | None, bool]] = []  # (frames, samples, speech samples, onset)
+        self.writes: list[tuple[int, int, int | None, bool, bool]] = []  # frames, samples, speech, onset, continues
         self.frames: list[np.ndarray] = []
 
     def write(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
-              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0) -> float:
-        self.writes.append((len(frames), pcm.size, speech_samples, onset))
+              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
+              continues: bool = False) -> float:
+        self.writes.append((len(frames), pcm.size, speech_samples, onset, continues))
         self.frames.append(frames.copy())
         return 0.05 if onset else 0.0
 
@@ -285,6 +287,8 @@ def test_an_onsets_first_frame_goes_out_before_its_rest(workers: tuple[DiTWorker
     a .5 tie: the first frame's convolutions sum in another order), and so are the chunks after it."""
     dit, dec = workers
     image = np.random.default_rng(2).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    assert not dec.first_frame  # "auto" on a CPU: off
+    dec.first_frame = True
 
     def session(sid: str, parts: bool) -> tuple[Recording, list[ChunkReport]]:
         for w in (dit, dec):
@@ -314,9 +318,9 @@ def test_an_onsets_first_frame_goes_out_before_its_rest(workers: tuple[DiTWorker
     sink, reports = session("parts", parts=True)
     n = pcm(2).size
     assert [w[:2] for w in plain.writes] == [(4, pcm(k).size) for k in range(4)] and plain.writes[2][3]
-    assert sink.writes == [(4, pcm(0).size, None, False), (4, pcm(1).size, None, False),
-                           (1, n // 4, n // 4, True), (3, n - n // 4, n - n // 4, False),
-                           (4, pcm(3).size, None, False)]
+    assert sink.writes == [(4, pcm(0).size, None, False, False), (4, pcm(1).size, None, False, False),
+                           (1, n // 4, n // 4, True, False), (3, n - n // 4, n - n // 4, False, True),
+                           (4, pcm(3).size, None, False, False)]
     got, want = np.concatenate(sink.frames).astype(int), np.concatenate(plain.frames).astype(int)
     assert got.shape == want.shape and np.abs(got - want).max() <= 1 and (got != want).mean() < 1e-3
     assert [r.digest for r in reports][3] == plain_reports[3].digest  # the stream goes on exactly
@@ -326,3 +330,17 @@ def test_an_onsets_first_frame_goes_out_before_its_rest(workers: tuple[DiTWorker
     dec.decode_first(ChunkInput("parts", 4, pcm(4), onset=True), dit.step(ChunkInput("parts", 4, pcm(4))))
     with pytest.raises(SessionMismatch, match="before the rest of chunk 4"):
         dec.decode_first(ChunkInput("parts", 5, pcm(5)), dit.step(ChunkInput("parts", 5, pcm(5))))
+    dec.first_frame = False  # off: an onset goes whole too
+    dec.start("parts")
+    dit.start("parts", dec.encode_reference("parts", image), seed=11)
+    onset = ChunkInput("parts", 0, pcm(0), onset=True)
+    latents = dit.step(onset)
+    assert not isinstance(latents, Ack)
+    assert len(dec.decode_first(onset, latents).frames) == 4
+
+
+def test_onset_first_frame_is_on_for_gpu_decoders_by_default() -> None:
+    assert [first_frame_on(m, d) for m in ("auto", "on", "off") for d in ("cpu", "cuda")] == [
+        False, True, True, True, False, False]
+    with pytest.raises(ValueError, match="one of auto, on, off"):
+        first_frame_on("yes", "cpu")

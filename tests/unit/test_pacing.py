@@ -62,6 +62,7 @@ class Run:
     cuts: dict[int, float] = field(default_factory=dict)  # what those pushes returned
     made_s: float | None = None  # each chunk was submitted this long before it arrives (None: not said)
     early: dict[int, float] = field(default_factory=dict)  # chunk -> early_s its push says
+    parts: dict[int, float] = field(default_factory=dict)  # chunk -> its first frame pushed alone, the rest this later
 
     def poll(self) -> None:
         now = self.clock.t
@@ -93,7 +94,16 @@ class Run:
             if t_arr <= t_due:
                 _, k, speech = pending.pop(0)
                 made = None if self.made_s is None else self.clock.t - self.made_s
-                cut = self.playout.push(*chunk(k, speech), submitted_at=made, onset=k in self.onsets,
+                frames, pcm = chunk(abs(k), speech)
+                n = pcm.size // F
+                if k < 0:  # the rest of a chunk pushed in two parts
+                    self.playout.push(frames[1:], pcm[n:], submitted_at=None, continues=True)
+                    continue
+                if k in self.parts:
+                    frames, pcm = frames[:1], pcm[:n]
+                    pending.append((self.clock.t + self.parts[k], -k, speech))
+                    pending.sort()
+                cut = self.playout.push(frames, pcm, submitted_at=made, onset=k in self.onsets,
                                         early_s=self.early.get(k, 0.0))
                 if k in self.onsets:
                     self.cuts[k] = cut
@@ -684,6 +694,42 @@ def test_an_onset_chunk_plays_at_once_cutting_only_idle_frames_and_nothing_is_la
     # the timeline's within a sample or two)
     assert 0 <= audio.size + part - len(video) * SR / FPS <= (LEAD + 1 / FPS) * SR
     assert st.av_offset_max_ms == pytest.approx(0.0, abs=0.13)
+
+
+@pytest.mark.parametrize("rest_after", [0.03, 0.075])
+def test_an_onsets_first_frame_plays_alone_and_its_rest_continues_the_same_chunk(rest_after: float) -> None:
+    """An onset's first frame pushed alone (`DecoderWorker.decode_first`), the other three `continues=True` later:
+    it starts as a whole onset chunk would, every speech sample and frame plays once in order and in sync, and the
+    chunk keeps one index (a segment's start names the generator's chunk). The rest is late only when it comes after
+    the first frame's audio has played out of its slack (a frame plus onset_slack_s: 61.7 ms)."""
+    p, clock = make()
+    run = Run(p, clock, onsets={20}, made_s=0.1, parts={20: rest_after})
+    t = clock.t
+    p.speech_open("a")
+    p.speech_sent("a", sum(chunk(k)[1].size for k in range(20, 26)))
+    on_time(run, range(20), t, speech=0)
+    run.arrivals.append((t + 19 * T + 0.05, 20, None))
+    run.until(t + 19 * T + 0.05)
+    cut = run.cuts[20]
+    assert 5 / FPS < cut < 6 / FPS  # as for the whole chunk (test_an_onset_chunk_plays_at_once_...)
+    after = 0.05  # the chunks after it come on the moved clock, after its rest (as the decoder hands them on)
+    assert t + 19 * T + 0.05 + rest_after < t + 21 * T - cut + after
+    run.arrivals += [(t + k * T - cut + after, k, None) for k in range(21, 26)]
+    run.arrivals += [(t + k * T - cut + after, k, 0) for k in range(26, 38)]
+    run.until(t + 37 * T - cut + after + 0.01)
+    st = p.stats()
+    late = rest_after > 1 / FPS + 0.02
+    assert (st.late_chunks, st.onsets) == (int(late), 1)
+    audio = run.audio()
+    assert np.array_equal(audio[np.flatnonzero(audio)], stream(20, 26))  # every speech sample, once, in order
+    fresh = [int(v.frame[0, 0, 0]) for v in run.video() if v.fresh]
+    speech = [(i % 251) + 1 for i in range(20 * F, 26 * F)]
+    assert fresh[fresh.index(speech[0]):][:len(speech)] == speech
+    if not late:
+        assert st.av_offset_max_ms == pytest.approx(0.0, abs=0.13)
+    (start,) = [e for _, e in run.events() if e.kind == "started"]
+    assert start.split is not None and start.split.chunk == 20  # pushes 0..19, then chunk 20 in two
+    assert p._pushed == 38
 
 
 def test_an_onset_cuts_committed_idle_frames_whose_audio_is_not_out() -> None:
