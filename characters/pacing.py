@@ -157,6 +157,7 @@ class SegmentEvent:
     interrupted: bool = False
     latency_s: float | None = None  # started only: first speech sent -> its first frame shown
     split: SpeechSplit | None = None  # started only: where that latency went (when the chunk's submit time is known)
+    at: float | None = None  # when it happened, wall clock (time.time), where known: an interruption's clear arrived
 
 
 @dataclass(frozen=True)

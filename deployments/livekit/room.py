@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -357,6 +358,7 @@ class LiveKitRoom:
         if not self._is_agent(data.caller_identity):
             raise rtc.RpcError(rtc.RpcError.ErrorCode.APPLICATION_ERROR, "clear_buffer is accepted from the agent only")
         assert self.publisher is not None
+        at = time.time()  # the interruption, as the session's events date it (the rule: silent from the next frame)
         self._n["clears"] += 1
         if self._current is not None:
             self._cleared.add(self._current)
@@ -376,9 +378,9 @@ class LiveKitRoom:
         if result.flush_audio:
             self.publisher.flush_audio()
         for event in result.events:
-            self._on_segment_event(event)
+            self._on_segment_event(dataclasses.replace(event, at=at))
         for _ in range(queued):
-            self._on_segment_event(SegmentEvent("finished", "", 0.0, interrupted=True))
+            self._on_segment_event(SegmentEvent("finished", "", 0.0, interrupted=True, at=at))
         self.publisher.wake()
         return "ok"
 

@@ -204,9 +204,9 @@ def playback_event(ev: SegmentEvent, at: float) -> EventDraft:
     """A speech segment's start or finish at the output, as a session event (its detail: machine-readable
     key=value pairs; a start says where its latency went, ms: the wait for the next chunk boundary, compute
     and transfer, the jitter buffer)."""
-    if ev.kind == "finished":
+    if ev.kind == "finished":  # an interrupted one: dated when the clear reached the room
         return EventDraft("playback_finished", detail=f"segment={ev.segment} position_s={ev.position_s:.3f} "
-                          f"interrupted={int(ev.interrupted)}", at=at)
+                          f"interrupted={int(ev.interrupted)}", at=ev.at if ev.at is not None else at)
     parts = [f"segment={ev.segment}"]
     if ev.latency_s is not None:
         parts.append(f"latency_ms={ev.latency_s * 1e3:.1f}")

@@ -8,7 +8,10 @@ dispatches the agent into its room, watches and listens:
   mouth signal of the received frames (`characters.train.lipsync`) correlates with the received audio's
   envelope at a small lag, far better than with the same audio 2.5 s away (a control from the same run);
 - the agent's `session.interrupt()` (its RPC `interrupt`, which answers when it called it) silences the
-  character within one chunk, as heard here;
+  character within one chunk of the agent's `lk.clear_buffer` reaching it, as heard here: from the agent's
+  `session.interrupt()`, one chunk plus the one-way RPC delivery, half the round trip this test's own call to the
+  agent took (LiveKit's delivery of the agent's RPC is not the character's to shorten: under the full suite on two
+  cores a round trip took 188 ms, against 61-80 ms alone);
 - when the user leaves, the agent's session closes and `AvatarSession.aclose()` sends END_CALL and removes
   the avatar at once: the session ends COMPLETED with reason `end_call`.
 
@@ -270,7 +273,7 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
     assert got["r"] >= MIN_R and got["r"] - got["control"] >= MIN_MARGIN, got
     assert -3 <= got["lag"] <= 8, got  # the mouth moves with the speech, not before it
     assert got["speaking"] >= 3, got  # it was speaking in the 300 ms before the call (10 ms frames)
-    assert got["silent_after_s"] <= CHUNK_S, got
+    assert got["silent_after_s"] <= CHUNK_S + got["rpc_s"] / 2, got  # a chunk after the clear reached it
     assert "(interrupted)" in log.read_text(), "the agent's speech handle was not interrupted"
     assert ended["reason"] == "end_call", ended
     assert status == 200 and runway_view["status"] == "COMPLETED" and runway_view["duration"] > 0, runway_view

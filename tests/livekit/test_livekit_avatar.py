@@ -115,8 +115,10 @@ def test_back_to_back_segments_arrive_whole_and_finish_in_order(livekit_server: 
 
 
 def test_clear_buffer_interrupts_and_the_next_segment_plays_in_full(livekit_server: LiveKitServer) -> None:
+    events: list[tuple[float, SegmentEvent]] = []  # (wall clock heard, event)
+
     async def main() -> None:
-        async with Call(livekit_server, "clear") as call:
+        async with Call(livekit_server, "clear", on_playback=lambda e: events.append((time.time(), e))) as call:
             viewer = Viewer(livekit_server, "clear")
             await viewer.start()
             assert call.output is not None
@@ -124,7 +126,7 @@ def test_clear_buffer_interrupts_and_the_next_segment_plays_in_full(livekit_serv
             while not call.started:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(2.0)
-            t_clear = time.monotonic()
+            t_clear, wall_clear = time.monotonic(), time.time()
             call.output.clear_buffer()
             ev = await asyncio.wait_for(call.output.wait_for_playout(), 5)
             t_finished = time.monotonic()
@@ -151,6 +153,10 @@ def test_clear_buffer_interrupts_and_the_next_segment_plays_in_full(livekit_serv
         before = viewer.rms(t_clear - 1.5, t_clear)
         assert max(after) < 0.01 < max(before)
         assert not ev2.interrupted and ev2.playback_position == pytest.approx(1.0, abs=1e-3)
+        # the interrupted segment's finish is dated when the clear reached the room (the session's event says so)
+        (at, done), = [(t, e) for t, e in events if e.kind == "finished" and e.interrupted]
+        assert done.at is not None and wall_clear <= done.at <= at
+        assert all(e.at is None for _, e in events if not e.interrupted)
         print(f"clear -> playback_finished {t_finished - t_clear:.3f} s, -> at rest {still:.3f} s, "
               f"-> first new idle frame {idle:.3f} s; position {ev.playback_position:.3f} s, the viewer heard "
               f"{heard_s:.2f} s (next voiced {missing_s:.2f} s)")

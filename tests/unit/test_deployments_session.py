@@ -16,7 +16,7 @@ from characters.pacing import SegmentEvent, SpeechSplit
 from deployments.pipeline.graph import ChunkFailure, run_chunk_loop
 from deployments.pipeline.room import PlayoutMeter
 from deployments.pipeline.workers import ChunkInput, ChunkReport
-from deployments.sessions.runner import AudioBuffer, SessionRunner, keeps_real_time
+from deployments.sessions.runner import AudioBuffer, SessionRunner, keeps_real_time, playback_event
 from deployments.types import SessionStatus
 
 CHUNK_S = 4 / 24
@@ -328,3 +328,11 @@ def test_runner_turns_the_rooms_speech_starts_into_events_and_stats() -> None:
     assert s.speech_ms_p50 == pytest.approx(310.0) and s.presented_fps == 23.5 and s.fps == 24.0
     # the chunk loop stamps each chunk with the moment it took its audio (the room splits latency with it)
     assert [i.submitted_at for i in pipe.submitted] == pytest.approx([k * CHUNK_S for k in range(6)], abs=1e-9)
+
+
+def test_an_interrupted_segments_finish_is_dated_when_the_clear_arrived() -> None:
+    """The room dates an interruption's finish (`SegmentEvent.at`, wall clock) when `lk.clear_buffer` reached it; the
+    session's event keeps that time, not when the next chunk report carried it. Other events: when they are told."""
+    cut = playback_event(SegmentEvent("finished", "s", 1.25, interrupted=True, at=5.0), at=9.0)
+    assert (cut.kind, cut.at) == ("playback_finished", 5.0) and "interrupted=1" in (cut.detail or "")
+    assert playback_event(SegmentEvent("finished", "s", 3.0), at=9.0).at == 9.0
