@@ -241,10 +241,12 @@ class PcmConverter:
             raise ValueError(f"sample_rate={sample_rate} and channels={channels} must both be >= 1")
         self.sample_rate, self.channels = sample_rate, channels
         self._passthrough = sample_rate == SAMPLE_RATE
+        self._pts = 0
+        if self._passthrough:  # 16 kHz needs only the channel average: no resampler (nor PyAV)
+            return
         import av
 
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-        self._pts = 0
 
     def convert(self, samples: np.ndarray) -> np.ndarray:
         """Interleaved `(n * channels,)` or `(n, channels)` float32 -> float32 mono 16 kHz."""
