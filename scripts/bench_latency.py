@@ -490,7 +490,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "jitter_buffer_chunks": args.jitter_buffer, "pipeline_depth": args.depth, "graph": args.graph,
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
         "run_ahead_chunks": args.run_ahead, "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
-        "audio_lead_ms": args.audio_lead_ms,
+        "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame,
     }
 
 
@@ -539,7 +539,7 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
                     "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
                     "run_ahead_chunks": args.run_ahead,
                     "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
-                    "audio_lead_ms": args.audio_lead_ms}
+                    "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame}
     if args.graph:
         service_args["graph"] = args.graph
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
@@ -596,6 +596,10 @@ def main() -> None:
     ap.add_argument("--audio-lead-ms", type=float, default=ServiceConfig.model_fields["audio_lead_ms"].default,
                     help="ray: audio goes to the room's audio source this long before its frames "
                          "(ServiceConfig.audio_lead_ms)")
+    ap.add_argument("--onset-first-frame", choices=["auto", "on", "off"],
+                    default=ServiceConfig.model_fields["onset_first_frame"].default,
+                    help="ray: an onset's first frame decoded and played before the rest of its chunk "
+                         "(ServiceConfig.onset_first_frame; auto: GPU decoders only)")
     ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,
                     help="ray: how the chunk flows between the workers (ServiceConfig.graph; default: the service's)")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")
