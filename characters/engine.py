@@ -402,6 +402,8 @@ class DecoderRunner:
     def decode_first(self, latents: torch.Tensor) -> torch.Tensor:
         """(1, C, Cf, h, w) -> the chunk's first `FIRST_FRAMES` frames (n, H, W, 3) uint8; `decode_rest` must come
         next (the "decode" stage spans both). No host sync."""
+        if self._begun:
+            raise RuntimeError("decode_first while a chunk's rest is due: call decode_rest first")
         rec = self.recorder
         if rec is not None:
             rec.chunk = self.chunk
@@ -433,8 +435,9 @@ class DecoderRunner:
         return out
 
     @torch.inference_mode()
-    def capture_graph(self, warmup: int = 2) -> None:
-        """Capture one chunk's decode as a CUDA graph (state wiped afterwards; call `start`)."""
+    def capture_graph(self, warmup: int = 2, parts: bool = True) -> None:
+        """Capture one chunk's decode as a CUDA graph (state wiped afterwards; call `start`); `parts`: also
+        `decode_first`'s and `decode_rest`'s (without them those two run eagerly)."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; this decoder is on {self.device}")
         m = self.cfg.model
@@ -450,6 +453,11 @@ class DecoderRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._frames = self._decode(self._z)
+        self.graph = graph
+        if not parts:
+            torch.cuda.synchronize(self.device)
+            self.start()
+            return
         # a chunk's first frame and its rest: two more graphs, each in a pool of its own (the first's output and
         # the trunk output it leaves for the rest stay valid while another graph replays)
         with torch.cuda.stream(side):
@@ -457,14 +465,13 @@ class DecoderRunner:
                 self._decode_first(self._z)
                 self._decode_rest()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        parts = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
-        with torch.cuda.graph(parts[0]):
+        pair = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
+        with torch.cuda.graph(pair[0]):
             first = self._decode_first(self._z)
         pending = self.state.pending  # decode_rest's input: its graph reads it where the first graph writes it
-        with torch.cuda.graph(parts[1]):
+        with torch.cuda.graph(pair[1]):
             rest = self._decode_rest()
-        self._graphs = (_Captured(parts[0], first, pending), _Captured(parts[1], rest, None))
-        self.graph = graph
+        self._graphs = (_Captured(pair[0], first, pending), _Captured(pair[1], rest, None))
         torch.cuda.synchronize(self.device)
         self.start()
 

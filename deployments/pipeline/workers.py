@@ -356,10 +356,11 @@ class DecoderWorker:
             zeros = torch.zeros(self.latent_shape, device=self.device)
             for _ in range(steps):
                 runner.decode(zeros)
-                runner.decode_first(zeros)  # an onset's two parts: their shapes are warm before the first onset
-                runner.decode_rest()
+                if self.first_frame:  # an onset's two parts: their shapes are warm before the first onset
+                    runner.decode_first(zeros)
+                    runner.decode_rest()
             if self.device.type == "cuda":
-                runner.capture_graph()
+                runner.capture_graph(parts=self.first_frame)
             runner.start()
             runner.recorder = chunk_recorder(self.device)
 

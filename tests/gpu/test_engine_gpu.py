@@ -78,12 +78,15 @@ def test_steps_never_synchronise() -> None:
     torch.cuda.synchronize()
 
 
-def test_decoder_graph_equals_eager() -> None:
+@pytest.mark.parametrize("parts", [True, False], ids=["with_parts", "whole_only"])
+def test_decoder_graph_equals_eager(parts: bool) -> None:
+    """The whole-chunk graph, captured with or without the two parts' graphs (`onset_first_frame` off: without)."""
     cfg = session_config("tiny", "gpu1", seed=2, dtype="bfloat16")
     h, w = cfg.model.latent_hw
     z = torch.randn(4, 1, cfg.model.dit.latent_channels, 1, h, w, generator=torch.Generator().manual_seed(3)).cuda()
     eager, graphed = DecoderRunner(cfg, device="cuda"), DecoderRunner(cfg, device="cuda")
-    graphed.capture_graph()
+    graphed.capture_graph(parts=parts)
+    assert (graphed._graphs is not None) == parts
     eager.start()
     graphed.start()
     for k in range(4):

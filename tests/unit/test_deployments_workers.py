@@ -344,3 +344,20 @@ def test_onset_first_frame_is_on_for_gpu_decoders_by_default() -> None:
         False, True, True, True, False, False]
     with pytest.raises(ValueError, match="one of auto, on, off"):
         first_frame_on("yes", "cpu")
+
+
+def test_the_decoder_runner_refuses_a_chunk_part_out_of_turn(cfg: SessionConfig) -> None:
+    """A chunk begun by `decode_first` must be finished by `decode_rest` before any other decode: the causal windows
+    hold its first frame's inputs and have not moved on."""
+    from characters.engine import DecoderRunner
+
+    runner = DecoderRunner(cfg)
+    z = torch.zeros(1, cfg.model.vae.latent_channels, 1, *cfg.model.latent_hw)
+    with pytest.raises(RuntimeError, match="without decode_first"):
+        runner.decode_rest()
+    assert runner.decode_first(z).shape == (1, 64, 96, 3)
+    for call in (lambda: runner.decode(z), lambda: runner.decode_first(z)):
+        with pytest.raises(RuntimeError, match="rest is due"):
+            call()
+    assert runner.decode_rest().shape == (3, 64, 96, 3) and runner.chunk == 1
+    assert runner.decode(z).shape == (4, 64, 96, 3)
