@@ -114,18 +114,26 @@ def fp8_linear_ref(x8: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, sw: tor
 
 
 def fp8_linear(x8: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
-               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16, *,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """The scaled GEMM: `torch._scaled_mm` on CUDA (row-wise scales, bias in the epilogue), else the reference.
-    Shapes as `fp8_linear_ref`; leading dims of x8 are flattened into M. No host syncs: graph-capturable."""
+    Shapes as `fp8_linear_ref`; leading dims of x8 are flattened into M. No host syncs: graph-capturable.
+    `out`: a contiguous (..., N) tensor of `out_dtype` written in place and returned (on CUDA, by the GEMM)."""
+    if out is not None and (out.shape != (*x8.shape[:-1], w8.shape[0]) or out.dtype != out_dtype
+                            or not out.is_contiguous()):
+        raise ValueError(f"fp8_linear: out is {tuple(out.shape)} {out.dtype} (contiguous: {out.is_contiguous()}); "
+                         f"expected a contiguous {(*x8.shape[:-1], w8.shape[0])} {out_dtype}")
     if not x8.is_cuda:
-        return fp8_linear_ref(x8, sx, w8, sw, bias, out_dtype)
+        y = fp8_linear_ref(x8, sx, w8, sw, bias, out_dtype)
+        return y if out is None else out.copy_(y)
     _check(x8, sx, w8, sw, bias)
     lead, k = x8.shape[:-1], x8.shape[-1]
     a = x8.reshape(-1, k)  # (M, K) row-major
+    kw: dict[str, torch.Tensor] = {} if out is None else {"out": out.view(-1, w8.shape[0])}
     y = torch._scaled_mm(a, w8.t(), scale_a=sx.reshape(-1, 1), scale_b=sw[None, :],
                          bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype,
-                         use_fast_accum=True)  # (M, N); w8.t() is the column-major (K, N) operand
-    return y.view(*lead, w8.shape[0])
+                         use_fast_accum=True, **kw)  # (M, N); w8.t() is the column-major (K, N) operand
+    return y.view(*lead, w8.shape[0]) if out is None else out
 
 
 def fp8_supported(device: torch.device | str) -> bool:

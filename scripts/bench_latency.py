@@ -42,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from livekit import api, rtc
+from livekit.agents.utils.audio import AudioByteStream
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 
 from characters.audio import SAMPLE_AUDIO, chunk_sample_range, convert_pcm, load_audio, pcm16_to_float
@@ -55,6 +56,7 @@ VIDEO_SHARE_S = 0.49  # DESIGN.md section 1: the video pipeline's share of a 2.1
 SR, FPS, F = 16000, 24, 4
 CHUNK_S = F / FPS
 AVATAR, AGENT, ROOM = "character", "agent", "bench"
+TTS_FRAME_MS = 200  # livekit.agents.tts.AudioEmitter's default frame_size_ms
 
 
 class SessionQueue:
@@ -262,6 +264,17 @@ def espeak(text: str) -> np.ndarray:
     return to_int16(convert_pcm(pcm16_to_float(pcm.tobytes()), rate, 1))
 
 
+def agent_frames(pcm: np.ndarray, shape: str) -> list[rtc.AudioFrame]:
+    """An utterance as the agent hands it to its audio output. `tts`: as a LiveKit Agents TTS emits it
+    (`tts.AudioEmitter`: `utils.audio.AudioByteStream`, progressive, 200 ms frames: 20, 40, 80, 160, then
+    200 ms each, the last one shorter); a number: fixed frames of that many ms."""
+    if shape == "tts":
+        stream = AudioByteStream(SR, 1, samples_per_channel=SR // 1000 * TTS_FRAME_MS, progressive=True)
+        return [*stream.push(pcm.tobytes()), *stream.flush()]
+    n = SR * int(shape) // 1000
+    return [rtc.AudioFrame(pcm[j:j + n].tobytes(), SR, 1, pcm[j:j + n].size) for j in range(0, pcm.size, n)]
+
+
 def kv(detail: str | None) -> dict[str, str]:
     return dict(part.split("=", 1) for part in (detail or "").split() if "=" in part)
 
@@ -408,9 +421,8 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     first_sample: list[float] = []
     for pcm in utterances:
         first_sample.append(time.monotonic())  # the first sample is pushed now
-        for j in range(0, pcm.size, 320):  # 20 ms frames, as fast as the output takes them (a TTS does too)
-            piece = pcm[j:j + 320]
-            await output.capture_frame(rtc.AudioFrame(piece.tobytes(), SR, 1, piece.size))
+        for frame in agent_frames(pcm, args.agent_frames):  # as fast as the output takes them, as a TTS does
+            await output.capture_frame(frame)
         output.flush()
         await asyncio.wait_for(output.wait_for_playout(), 60)
         await asyncio.sleep(args.pause_s)
@@ -491,6 +503,7 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
         "run_ahead_chunks": args.run_ahead, "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
         "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame,
+        "agent_frames": args.agent_frames,
     }
 
 
@@ -602,6 +615,9 @@ def main() -> None:
                          "(ServiceConfig.onset_first_frame; auto: GPU decoders only)")
     ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,
                     help="ray: how the chunk flows between the workers (ServiceConfig.graph; default: the service's)")
+    ap.add_argument("--agent-frames", choices=["tts", "10", "20", "40", "100", "200"], default="20",
+                    help="ray: how the agent frames its speech for DataStreamAudioOutput: fixed frames of that many "
+                         "ms, or tts: as a LiveKit Agents TTS emits it (progressive: 20 ms up to 200 ms)")
     ap.add_argument("--depth", type=int, default=2, help="synthetic: chunks in flight (the pipeline's depth)")
     ap.add_argument("--dump", type=Path, default=None, help="ray: an .npz of the viewer's audio and the utterances")
     ap.add_argument("--utterances", type=int, default=10)

@@ -35,6 +35,27 @@ def test_scaled_mm_matches_reference(m: int, k: int, n: int, bias: bool) -> None
     assert rel_err(y, ref) < 1e-2  # the same quantised operands: only accumulation and the bf16 output differ
 
 
+def test_scaled_mm_writes_its_rows_into_a_padded_buffer() -> None:
+    """`out=`: the GEMM writes the first T rows of a buffer padded past them (a row layer under sequence
+    parallelism when the ranks do not divide T), equal to the plain call, the padding untouched, in a graph too."""
+    x = quantize_rows_ref(torch.randn(1, 997, 512, device="cuda", dtype=torch.bfloat16))
+    w8, sw = quantize_weight(torch.randn(256, 512, device="cuda") / 512**0.5)
+    b = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    buf = torch.full((1, 999, 256), 7.0, device="cuda", dtype=torch.bfloat16)
+    y = fp8_linear(x.data, x.scale, w8, sw, b, out=buf[:, :997])
+    assert y.data_ptr() == buf.data_ptr() and y.shape == (1, 997, 256)
+    assert torch.equal(buf[:, :997], fp8_linear(x.data, x.scale, w8, sw, b))
+    assert torch.all(buf[:, 997:] == 7.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp8_linear(x.data, x.scale, w8, sw, b, out=buf[:, :997])
+    buf.zero_()
+    graph.replay()
+    assert torch.equal(buf[:, :997], fp8_linear(x.data, x.scale, w8, sw, b)) and not buf[:, 997:].any()
+    with pytest.raises(ValueError, match="out is"):
+        fp8_linear(x.data, x.scale, w8, sw, b, out=buf[:, :997, :128])
+
+
 def test_scaled_mm_replays_in_a_graph() -> None:
     x = quantize_rows_ref(torch.randn(64, 256, device="cuda"))
     w8, sw = quantize_weight(torch.randn(128, 256, device="cuda"))

@@ -223,3 +223,39 @@ def test_a_rank_without_communication_runs_exactly_its_share_of_the_gemms() -> N
     per_token = 2 * model.dit.dim * model.dit.latent_channels * model.dit.patch_size[0] * model.dit.patch_size[1]
     rows = -(-model.tokens_per_chunk // 4)
     assert rep_flops - sp_flops == 2 * per_token * (model.tokens_per_chunk - rows)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize(("tokens", "batch"), [(10, 1), (12, 1), (10, 2)])
+def test_a_row_layer_writes_its_padded_output_in_place(fp8: bool, tokens: int, batch: int) -> None:
+    """Under sequence parallelism a row layer's GEMM writes into a buffer padded to the ranks' rows (its padding
+    zero), so the reduce-scatter copies nothing when the ranks do not divide T; the rank's rows are still the
+    GEMM's, zero past T. One rank's share (no collectives), bf16 and FP8 (the emulated reference on a CPU)."""
+    from characters.tp import ParallelLinear
+    from kernels.fp8 import fp8_linear_ref, quantize_rows_ref
+
+    ranks, rank = 3, 2
+    g = torch.Generator().manual_seed(tokens)
+    shards = TokenShards(rank, ranks, None, communicate=False)
+    shards.begin(tokens)
+    layer = ParallelLinear(48, 20, "row")
+    layer.shard_(rank, ranks, None, communicate=False, shards=shards)
+    if fp8:
+        layer.to_fp8_()
+    x = torch.randn(batch, tokens, 16, generator=g)  # (B, T, K/n): this rank's slice of the input, every token
+    with torch.no_grad():
+        y = layer(x)
+        if fp8:
+            act = quantize_rows_ref(x)
+            whole = fp8_linear_ref(act.data, act.scale, layer.weight, layer.weight_scale, None, torch.float32)
+        else:
+            whole = F.linear(x, layer.weight)  # rank 2 adds no bias: rank 0 does, once
+    m = -(-tokens // ranks)
+    assert y.shape == (batch, m, 20)
+    lo, hi = min(rank * m, tokens), min((rank + 1) * m, tokens)
+    torch.testing.assert_close(y[:, :hi - lo], whole[:, lo:hi].to(y.dtype))
+    assert not y[:, hi - lo:].any()
+    padded = shards.row_buffer(x, 20, x.dtype)
+    assert (padded is None) == (tokens % ranks == 0 or batch > 1)
+    if padded is not None:
+        assert padded.shape == (1, ranks * m, 20) and not padded[:, tokens:].any()
