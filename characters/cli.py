@@ -36,7 +36,7 @@ def _presets(_: argparse.Namespace) -> int:
           f"TFLOP/s bf16, {H200_FP8_RATE / 1e12:.0f} FP8 linear layers with attention in bf16), compute only; "
           f"budget {budget:.1f} ms per chunk")
     print("measured 57b rank steps (benchmarks/h200/step_57b_tp*_fp8.json, communication excluded, sequence "
-          "parallel): h100x4 (3 + 1) bf16 205.0 ms, FP8 153.7 ms; h100x5 (4 + 1) bf16 156.3, FP8 116.6 ms")
+          "parallel): h100x4 (3 + 1) bf16 205.0 ms, FP8 151.4 ms; h100x5 (4 + 1) bf16 156.3, FP8 116.0 ms")
     return 0
 
 

@@ -19,8 +19,10 @@ from torch import nn
 from characters.config import ModelConfig
 from characters.kv_cache import KVCache
 from characters.tp import ParallelLinear, TokenShards
+from kernels._triton import HAS_TRITON
 from kernels.fp8 import Fp8Act, quantize_rows_ref
 from kernels.qkv_prep import rms_norm_ref, rope_ref
+from kernels.row_quant import row_quant_triton
 
 # attend(layer, qkv (B, T, 3, Hh, Dh), q_norm_weight, k_norm_weight) -> (B, Hh, T, Dh), or, for an FP8
 # model whose cache quantises the output, the output projection's input (B, T, Hh*Dh) as an Fp8Act
@@ -95,6 +97,32 @@ def _gelu_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _q(_gelu(y))
 
 
+# the same FP8 steps as single-pass Triton row kernels (kernels.row_quant), returning what the compiled ones do
+def _rows_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    _, q, s = row_quant_triton("modulate", x, shift=shift, scale=scale, eps=eps)
+    return q, s
+
+
+def _rows_gated_add_norm(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    new, q, s = row_quant_triton("gated_add_norm", x, y=y, gate=gate, weight=weight, bias=bias, eps=eps)
+    assert new is not None
+    return new, q, s
+
+
+def _rows_add_modulate(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    new, q, s = row_quant_triton("add_modulate", x, y=y, shift=shift, scale=scale, eps=eps)
+    assert new is not None
+    return new, q, s
+
+
+def _rows_gelu(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _, q, s = row_quant_triton("gelu", y)
+    return q, s
+
+
 class ElementwiseOps:
     """The block's elementwise steps: plain PyTorch, or each compiled into one fused kernel (CUDA).
 
@@ -102,10 +130,15 @@ class ElementwiseOps:
     `Fp8Act`), and so does the MLP's GELU: in compiled form the quantisation is the epilogue of the kernel
     that produces the activation, not a pass of its own. The audio cross-attention's output (from SDPA) gets a
     compiled quantisation pass of its own (`quant`): written as one compiled function with its norms and
-    softmax over the A audio keys it took 14 ms per 57b TP3 chunk against ~1 ms for the pass (docs/fp8.md)."""
+    softmax over the A audio keys it took 14 ms per 57b TP3 chunk against ~1 ms for the pass (docs/fp8.md).
 
-    def __init__(self, fused: bool = False, fp8: bool = False) -> None:
+    `row_kernels` (fused FP8 only; default: when Triton is installed): the four steps whose reductions span a
+    whole row (the LayerNorms with their quantisation, and the GELU's) run as `kernels.row_quant`'s single-pass
+    Triton kernels instead of Inductor's looped reductions, which read each row more than once."""
+
+    def __init__(self, fused: bool = False, fp8: bool = False, row_kernels: bool | None = None) -> None:
         self.fused, self.fp8 = fused, fp8
+        self.row_kernels = fused and fp8 and (HAS_TRITON if row_kernels is None else row_kernels)
         wrap: Callable[[Any], Any] = (lambda f: torch.compile(f, fullgraph=True, dynamic=False)) if fused \
             else (lambda f: f)
         self.gated_add: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = wrap(_gated_add)
@@ -121,6 +154,9 @@ class ElementwiseOps:
             self._add_modulate = wrap(_add_modulate_fp8)
             self._gelu = wrap(_gelu_fp8)
             self._quant = wrap(_q)
+        if self.row_kernels:
+            self._modulate, self._gated_add_norm = _rows_modulate, _rows_gated_add_norm
+            self._add_modulate, self._gelu = _rows_add_modulate, _rows_gelu
 
     def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor | Fp8Act:
         out = self._modulate(x, shift, scale, eps)
@@ -263,9 +299,10 @@ class CausalDiT(nn.Module):
         block = self.blocks[0]
         return isinstance(block, Block) and block.fc1.fp8
 
-    def fuse_elementwise(self, fused: bool = True) -> None:
-        """Use compiled, fused elementwise steps (CUDA) or plain PyTorch ones (in FP8 form once `to_fp8` ran)."""
-        ops = ElementwiseOps(fused, self.fp8)
+    def fuse_elementwise(self, fused: bool = True, row_kernels: bool | None = None) -> None:
+        """Use compiled, fused elementwise steps (CUDA) or plain PyTorch ones (in FP8 form once `to_fp8` ran);
+        `row_kernels`: see `ElementwiseOps`."""
+        ops = ElementwiseOps(fused, self.fp8, row_kernels)
         for module in self.modules():
             if isinstance(module, Block | AudioCrossAttention):
                 module.ops = ops

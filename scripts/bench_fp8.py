@@ -86,11 +86,13 @@ def _cfg(preset: str, ranks: int, layout: str, precision: str, attention: str, l
 
 
 def step_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
-    layout, precision, attention = variant.split(":")
+    layout, precision, attention, *steps = variant.split(":")  # a 4th part "inductor": no row kernels
     device = torch.device("cuda")
     cfg = _cfg(args.preset, args.ranks, layout, precision, attention, args.layers)
     t0 = time.perf_counter()
     runner = DiTRunner(cfg, device=device, rank=0, ranks=args.ranks, communicate=False)
+    if steps == ["inductor"]:  # the FP8 steps compiled by Inductor (kernels.row_quant's kernels off)
+        runner.dit.fuse_elementwise(True, row_kernels=False)
     built_s = time.perf_counter() - t0
     runner.capture_graphs()
     captured_s = time.perf_counter() - t0 - built_s
@@ -112,7 +114,8 @@ def step_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
            "build_s": built_s, "capture_s": captured_s, "flops_per_chunk_per_rank": cost.flops_per_chunk_per_rank,
            "linear_tflop": cost.linear_flops_per_chunk_per_rank / 1e12,
            "attention_tflop": cost.attention_flops_per_chunk_per_rank / 1e12,
-           "max_memory_gb": torch.cuda.max_memory_allocated() / 1e9}
+           "max_memory_gb": torch.cuda.max_memory_allocated() / 1e9,
+           "row_kernels": bool(getattr(runner.dit.blocks[0].ops, "row_kernels", False))}
     if args.profile:
         row["profile"] = profile_step(runner, windows)
     return row

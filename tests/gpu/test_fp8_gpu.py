@@ -15,7 +15,7 @@ from characters.config import session_config
 from characters.dit import ElementwiseOps
 from characters.engine import DiTRunner
 from kernels.attention_fp8 import attention_fp8_ref, attention_fp8_triton
-from kernels.fp8 import FP8, dequantize_rows, fp8_linear, fp8_linear_ref, quantize_rows_ref, quantize_weight
+from kernels.fp8 import FP8, Fp8Act, dequantize_rows, fp8_linear, fp8_linear_ref, quantize_rows_ref, quantize_weight
 from kernels.qkv_prep_fp8 import qkv_prep_fp8_ref, qkv_prep_fp8_triton
 from kernels.testing import make_qkv_prep_inputs, rel_err
 
@@ -69,8 +69,11 @@ def test_scaled_mm_replays_in_a_graph() -> None:
     assert rel_err(captured, fp8_linear_ref(x.data, x.scale, w8, sw, None, torch.float32)) < 1e-2
 
 
-def test_compiled_quantising_steps_match_plain() -> None:
-    fused, plain = ElementwiseOps(True, fp8=True), ElementwiseOps(False, fp8=True)
+@pytest.mark.parametrize("rows", [False, True])
+def test_compiled_quantising_steps_match_plain(rows: bool) -> None:
+    """Inductor's fused steps, and the single-pass row kernels (`kernels.row_quant`, the default with Triton)."""
+    fused, plain = ElementwiseOps(True, fp8=True, row_kernels=rows), ElementwiseOps(False, fp8=True)
+    assert fused.row_kernels == rows
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(1, 748, 9216, device="cuda", generator=g, dtype=torch.bfloat16)
     shift, scale = (0.1 * torch.randn(1, 1, 9216, device="cuda", generator=g, dtype=torch.bfloat16) for _ in "ab")
@@ -79,6 +82,41 @@ def test_compiled_quantising_steps_match_plain() -> None:
     assert rel_err(dequantize_rows(a), dequantize_rows(b)) < 2e-2
     y = torch.randn(1, 2992, 6144, device="cuda", generator=g, dtype=torch.bfloat16)
     assert rel_err(dequantize_rows(fused.gelu(y)), dequantize_rows(plain.gelu(y))) < 2e-2
+    r = torch.randn(1, 748, 9216, device="cuda", generator=g, dtype=torch.bfloat16)
+    mod = 0.1 * torch.randn(1, 1, 6, 9216, device="cuda", generator=g, dtype=torch.bfloat16)  # views, as a block's
+    w = (1 + 0.1 * torch.randn(9216, device="cuda", generator=g)).bfloat16()  # the model's norm, in its dtype
+    bias = (0.1 * torch.randn(9216, device="cuda", generator=g)).bfloat16()
+    (xa, ha), (xb, hb) = (ops.gated_add_norm(x, r, mod[:, :, 2], w, bias, 1e-6) for ops in (fused, plain))
+    # the new residual: a float32 sum rounded once against eager's bf16 steps (gate * y rounded first): within
+    # a bf16 step of the operands (2^-7 at |x| ~ 1), even where the sum cancels to ~0
+    torch.testing.assert_close(xa, xb, rtol=1.6e-2, atol=1e-2)
+    assert rel_err(dequantize_rows(ha), dequantize_rows(hb)) < 2e-2
+    (xa, ha), (xb, hb) = (ops.add_modulate(x, r, mod[:, :, 3], mod[:, :, 4], 1e-6) for ops in (fused, plain))
+    torch.testing.assert_close(xa, xb, rtol=1.6e-2, atol=1e-2)
+    assert rel_err(dequantize_rows(ha), dequantize_rows(hb)) < 2e-2
+
+
+@pytest.mark.parametrize("mode", ["modulate", "add_modulate", "gated_add_norm", "gelu"])
+@pytest.mark.parametrize(("t", "d", "per_token"), [(998, 9216, False), (2992, 8192, False), (187, 192, True)])
+def test_row_quant_kernel_matches_reference(mode: str, t: int, d: int, per_token: bool) -> None:
+    """`kernels.row_quant` at the 57b TP3 rank's shapes (998 rows of 9216; the GELU over 2992 x 8192) and tiny's:
+    the new residual exact (both round a float32 sum once), the e4m3 codes equal but where float32 reduction order
+    moves a value across a rounding boundary, scales within float32 rounding."""
+    from kernels.row_quant import row_quant_ref, row_quant_triton
+
+    g = torch.Generator(device="cuda").manual_seed(t + d)
+    x, y = (torch.randn(1, t, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in "xy")
+    mod = torch.randn(1, t if per_token else 1, 6, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    w, b = torch.randn(d, device="cuda", generator=g), torch.randn(d, device="cuda", generator=g)
+    kw = {"modulate": {"shift": mod[:, :, 0], "scale": mod[:, :, 1]},
+          "add_modulate": {"y": y, "shift": mod[:, :, 0], "scale": mod[:, :, 1]},
+          "gated_add_norm": {"y": y, "gate": mod[:, :, 2], "weight": w, "bias": b}, "gelu": {}}[mode]
+    ref, got = row_quant_ref(mode, x, **kw), row_quant_triton(mode, x, **kw)  # type: ignore[arg-type]
+    if ref[0] is not None:
+        assert got[0] is not None and torch.equal(got[0], ref[0])
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=0)
+    assert (got[1].float() != ref[1].float()).float().mean() < 1e-3
+    assert rel_err(dequantize_rows(Fp8Act(*got[1:])), dequantize_rows(Fp8Act(*ref[1:]))) < 1e-3
 
 
 def _fp8_cache(b: int, hh: int, s: int, dh: int) -> tuple[torch.Tensor, ...]:

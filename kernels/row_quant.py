@@ -1,0 +1,192 @@
+"""The DiT block's quantising elementwise steps as single-pass row kernels (the inputs of its FP8 linear layers).
+
+Each of these steps ends in the next linear layer's per-token e4m3 quantisation (`kernels.fp8.quantize_rows_ref`),
+so it reduces over the whole row: the LayerNorm's moments, then the quantisation's amax. Inductor compiles them as
+looped reductions that read each row twice or more (at the 57b TP3 rank, 5.9 ms and 4.0 ms a chunk, several
+times the bytes' floor: docs/fp8.md). Here a program holds one whole row in registers: it reads its inputs once
+and writes its outputs once.
+
+    modulate         x            -> q(LN(x) * (1 + scale) + shift)
+    add_modulate     x, y         -> x + y,        q(LN(x + y) * (1 + scale) + shift)
+    gated_add_norm   x, y, gate   -> x + gate * y, q(LN(x + gate * y) * weight + bias)
+    gelu             y            -> q(gelu_tanh(y))
+
+q(h) is (e4m3 values, a float32 scale per row): `quantize_rows_ref(h)`. LN is a LayerNorm without affine (eps
+inside the root). The new residual (x + ...) is stored in x's dtype and the LayerNorm reads it as stored, as the
+eager steps do. All other math is float32, as Inductor does it.
+
+Shapes: x, y (B, T, D), last dim contiguous; shift, scale, gate (B, L, D) with L = 1 (one row for every token)
+or L = T (a row per token), last dim contiguous (the block's modulation rows are views: any other strides);
+weight, bias (D,). Outputs: the new residual (B, T, D) in x's dtype, q (B, T, D) e4m3, scale (B, T, 1) float32.
+
+Public API:
+    row_quant_ref      the readable reference (the test oracle, and the CPU path)
+    row_quant_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
+    MODES              the four steps' names
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from kernels._triton import HAS_TRITON, check_triton_mode, interpreter_enabled, jit_for_current_mode, next_power_of_2
+from kernels.fp8 import FP8, quantize_rows_ref
+
+if HAS_TRITON:
+    import triton.language as tl
+
+    from kernels._triton import to_e4m3
+
+__all__ = ["MODES", "Mode", "row_quant_ref", "row_quant_triton"]
+
+Mode = Literal["modulate", "add_modulate", "gated_add_norm", "gelu"]
+MODES: tuple[Mode, ...] = ("modulate", "add_modulate", "gated_add_norm", "gelu")
+_CODE = {m: i for i, m in enumerate(MODES)}
+
+
+def _check(mode: str, x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
+           shift: torch.Tensor | None, scale: torch.Tensor | None, weight: torch.Tensor | None,
+           bias: torch.Tensor | None) -> None:
+    if mode not in _CODE:
+        raise ValueError(f"row_quant: mode={mode!r} is unknown; expected one of {list(MODES)}")
+    if x.ndim != 3 or x.stride(-1) != 1:
+        raise ValueError(f"row_quant: x must be (B, T, D) with a contiguous last dim, got {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    need = {"modulate": ("shift", "scale"), "add_modulate": ("y", "shift", "scale"),
+            "gated_add_norm": ("y", "gate", "weight", "bias"), "gelu": ()}[mode]
+    given = {"y": y, "gate": gate, "shift": shift, "scale": scale, "weight": weight, "bias": bias}
+    for name, t in given.items():
+        if (t is not None) != (name in need):
+            raise ValueError(f"row_quant: mode={mode!r} takes {list(need) or 'x alone'}; {name} is "
+                             f"{'missing' if t is None else 'not one of them'}")
+    b, n, d = x.shape
+    if y is not None and (y.shape != x.shape or y.stride(-1) != 1):
+        raise ValueError(f"row_quant: y {tuple(y.shape)} must match x {tuple(x.shape)}, last dim contiguous")
+    for name, t in (("gate", gate), ("shift", shift), ("scale", scale)):
+        if t is not None and (t.ndim != 3 or t.shape[0] != b or t.shape[1] not in (1, n) or t.shape[2] != d
+                              or t.stride(-1) != 1):
+            raise ValueError(f"row_quant: {name} must be (B, 1 or T, D) = ({b}, 1 or {n}, {d}) with a contiguous "
+                             f"last dim, got {tuple(t.shape)} strides {t.stride()}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != (d,):
+            raise ValueError(f"row_quant: {name} must be ({d},), got {tuple(t.shape)}")
+
+
+def row_quant_ref(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+                  shift: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                  weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6
+                  ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Readable reference: (the new residual or None, e4m3 values, float32 scales)."""
+    _check(mode, x, y, gate, shift, scale, weight, bias)
+    new: torch.Tensor | None = None
+    if mode == "gelu":
+        h = F.gelu(x.float(), approximate="tanh")
+    else:
+        s = x.float()
+        if mode == "add_modulate":
+            assert y is not None
+            s = s + y.float()
+        elif mode == "gated_add_norm":
+            assert y is not None and gate is not None
+            s = s + gate.float() * y.float()
+        if mode != "modulate":
+            new = s.to(x.dtype)
+            s = new.float()
+        n = F.layer_norm(s, s.shape[-1:], eps=eps)
+        if mode == "gated_add_norm":
+            assert weight is not None and bias is not None
+            h = n * weight.float() + bias.float()
+        else:
+            assert shift is not None and scale is not None
+            h = n * (1 + scale.float()) + shift.float()
+    act = quantize_rows_ref(h)
+    return new, act.data, act.scale
+
+
+def _row_quant_kernel(
+    x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr,  # inputs (unused ones: any pointer)
+    new_ptr, q_ptr, s_ptr,  # outputs: the new residual (B*T, D), e4m3 (B*T, D), scales (B*T,)
+    T, D, s_xb, s_xt, s_yb, s_yt, s_mb, s_mt, s_gb, s_gt, eps,
+    MODE: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    b, t = row // T, row % T
+    d = tl.arange(0, BLOCK)
+    ok = d < D
+    x = tl.load(x_ptr + b * s_xb + t * s_xt + d, mask=ok, other=0.0).to(tl.float32)
+    if MODE == 3:  # gelu (tanh form): x * sigmoid(2u), u = sqrt(2/pi) * (x + 0.044715 x^3)
+        h = x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))  # 2 * sqrt(2 / pi)
+    else:
+        if MODE == 1:
+            x = x + tl.load(y_ptr + b * s_yb + t * s_yt + d, mask=ok, other=0.0).to(tl.float32)
+        if MODE == 2:
+            y = tl.load(y_ptr + b * s_yb + t * s_yt + d, mask=ok, other=0.0).to(tl.float32)
+            g = tl.load(gate_ptr + b * s_gb + t * s_gt + d, mask=ok, other=0.0).to(tl.float32)
+            x = x + g * y
+        if MODE != 0:  # the new residual, stored; the norm reads it as stored
+            rounded = x.to(new_ptr.dtype.element_ty)
+            tl.store(new_ptr + row * D + d, rounded, mask=ok)
+            x = rounded.to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        xc = tl.where(ok, x - mean, 0.0)
+        n = xc * tl.rsqrt(tl.sum(xc * xc, axis=0) / D + eps)
+        if MODE == 2:
+            w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+            bb = tl.load(b_ptr + d, mask=ok, other=0.0).to(tl.float32)
+            h = n * w + bb
+        else:
+            sh = tl.load(shift_ptr + b * s_mb + t * s_mt + d, mask=ok, other=0.0).to(tl.float32)
+            sc = tl.load(scale_ptr + b * s_mb + t * s_mt + d, mask=ok, other=0.0).to(tl.float32)
+            h = n * (1.0 + sc) + sh
+    h = tl.where(ok, h, 0.0)
+    scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / 448.0
+    tl.store(q_ptr + row * D + d, to_e4m3(h * (1.0 / scale), INTERPRET), mask=ok)
+    tl.store(s_ptr + row, scale)
+
+
+def _warps(mode: str, block: int) -> int:
+    """Warps per row, from `scripts/probe_row_quant.py` on an H200 at the 57b rank's rows (9216 and 8192 wide):
+    8 for most (4 and 16 within ~10%), 4 for gated_add_norm (33 us against 41 with 8), 4 below 8192 lanes."""
+    return 4 if mode == "gated_add_norm" or block < 8192 else 8
+
+
+def _row_strides(t: torch.Tensor | None, n: int) -> tuple[int, int]:
+    """(batch stride, token stride) of a (B, L, D) tensor read per token: a single row (L = 1) repeats."""
+    if t is None:
+        return 0, 0
+    return t.stride(0), (t.stride(1) if t.shape[1] == n and n > 1 else 0)
+
+
+def row_quant_triton(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = None,
+                     gate: torch.Tensor | None = None, shift: torch.Tensor | None = None,
+                     scale: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, eps: float = 1e-6, num_warps: int | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """One Triton launch, a program per row. Same results as `row_quant_ref` up to float32 rounding order (the
+    e4m3 values may differ by one step where a value sits at a rounding boundary). No host syncs: capturable."""
+    _check(mode, x, y, gate, shift, scale, weight, bias)
+    check_triton_mode("row_quant_triton")
+    b, n, d = x.shape
+    new = torch.empty(b, n, d, device=x.device, dtype=x.dtype) if mode in ("add_modulate", "gated_add_norm") \
+        else None
+    q = torch.empty(b, n, d, device=x.device, dtype=FP8)
+    s = torch.empty(b, n, 1, device=x.device, dtype=torch.float32)
+    block = next_power_of_2(d)
+    s_mb, s_mt = _row_strides(shift, n)
+    if _row_strides(scale, n) != (s_mb, s_mt):
+        raise ValueError("row_quant: shift and scale must have the same batch and token strides")
+    s_gb, s_gt = _row_strides(gate, n)
+    kernel = jit_for_current_mode(_row_quant_kernel)
+    dummy = x
+    kernel[(b * n,)](
+        x, y if y is not None else dummy, gate if gate is not None else dummy, shift if shift is not None else dummy,
+        scale if scale is not None else dummy, weight if weight is not None else dummy,
+        bias if bias is not None else dummy, new if new is not None else dummy, q, s,
+        n, d, x.stride(0), x.stride(1), *(y.stride()[:2] if y is not None else (0, 0)), s_mb, s_mt, s_gb, s_gt,
+        float(eps), MODE=_CODE[mode], BLOCK=block, INTERPRET=interpreter_enabled(),
+        num_warps=num_warps or _warps(mode, block),
+    )
+    return new, q, s
