@@ -22,7 +22,7 @@ from characters.tp import ParallelLinear, TokenShards
 from kernels._triton import HAS_TRITON
 from kernels.fp8 import Fp8Act, quantize_rows_ref
 from kernels.qkv_prep import rms_norm_ref, rope_ref
-from kernels.row_quant import row_quant_triton
+from kernels.row_quant import row_quant
 
 # attend(layer, qkv (B, T, 3, Hh, Dh), q_norm_weight, k_norm_weight) -> (B, Hh, T, Dh), or, for an FP8
 # model whose cache quantises the output, the output projection's input (B, T, Hh*Dh) as an Fp8Act
@@ -100,26 +100,26 @@ def _gelu_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # the same FP8 steps as single-pass Triton row kernels (kernels.row_quant), returning what the compiled ones do
 def _rows_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    _, q, s = row_quant_triton("modulate", x, shift=shift, scale=scale, eps=eps)
+    _, q, s = row_quant("modulate", x, shift=shift, scale=scale, eps=eps)
     return q, s
 
 
 def _rows_gated_add_norm(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    new, q, s = row_quant_triton("gated_add_norm", x, y=y, gate=gate, weight=weight, bias=bias, eps=eps)
+    new, q, s = row_quant("gated_add_norm", x, y=y, gate=gate, weight=weight, bias=bias, eps=eps)
     assert new is not None
     return new, q, s
 
 
 def _rows_add_modulate(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    new, q, s = row_quant_triton("add_modulate", x, y=y, shift=shift, scale=scale, eps=eps)
+    new, q, s = row_quant("add_modulate", x, y=y, shift=shift, scale=scale, eps=eps)
     assert new is not None
     return new, q, s
 
 
 def _rows_gelu(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    _, q, s = row_quant_triton("gelu", y)
+    _, q, s = row_quant("gelu", y)
     return q, s
 
 

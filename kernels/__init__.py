@@ -15,7 +15,7 @@ from kernels.attention_fp8 import attention_fp8, attention_fp8_ref, attention_fp
 from kernels.fp8 import FP8, Fp8Act, fp8_linear, fp8_linear_ref, quantize_rows, quantize_rows_ref, quantize_weight
 from kernels.qkv_prep import QKVPrepBackend, qkv_prep, qkv_prep_ref, qkv_prep_triton, rms_norm_ref, rope_ref
 from kernels.qkv_prep_fp8 import qk_scale_bound, qkv_prep_fp8, qkv_prep_fp8_ref, qkv_prep_fp8_triton
-from kernels.row_quant import row_quant_ref, row_quant_triton
+from kernels.row_quant import row_quant, row_quant_ref, row_quant_triton
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -44,6 +44,7 @@ __all__ = [
     "quantize_weight",
     "rms_norm_ref",
     "rope_ref",
+    "row_quant",
     "row_quant_ref",
     "row_quant_triton",
 ]

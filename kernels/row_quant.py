@@ -22,6 +22,8 @@ weight, bias (D,). Outputs: the new residual (B, T, D) in x's dtype, q (B, T, D)
 Public API:
     row_quant_ref      the readable reference (the test oracle, and the CPU path)
     row_quant_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
+    row_quant          dispatch: the Triton kernel on CUDA (or under the interpreter) when Triton is installed,
+                       else the reference
     MODES              the four steps' names
 """
 
@@ -40,7 +42,7 @@ if HAS_TRITON:
 
     from kernels._triton import to_e4m3
 
-__all__ = ["MODES", "Mode", "row_quant_ref", "row_quant_triton"]
+__all__ = ["MODES", "Mode", "row_quant", "row_quant_ref", "row_quant_triton"]
 
 Mode = Literal["modulate", "add_modulate", "gated_add_norm", "gelu"]
 MODES: tuple[Mode, ...] = ("modulate", "add_modulate", "gated_add_norm", "gelu")
@@ -190,3 +192,14 @@ def row_quant_triton(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = No
         num_warps=num_warps or _warps(mode, block),
     )
     return new, q, s
+
+
+def row_quant(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+              shift: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+              weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6
+              ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The Triton kernel where it runs (CUDA tensors, or any under TRITON_INTERPRET=1), else the reference."""
+    kw = {"y": y, "gate": gate, "shift": shift, "scale": scale, "weight": weight, "bias": bias, "eps": eps}
+    if HAS_TRITON and (x.is_cuda or interpreter_enabled()):
+        return row_quant_triton(mode, x, **kw)  # type: ignore[arg-type]
+    return row_quant_ref(mode, x, **kw)  # type: ignore[arg-type]

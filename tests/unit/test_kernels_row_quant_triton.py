@@ -120,3 +120,16 @@ def test_bad_arguments_are_named() -> None:
         row_quant_ref("gated_add_norm", x, **{**kw, "gate": torch.zeros(1, 3, 16)})
     with pytest.raises(ValueError, match="x must be"):
         row_quant_ref("gelu", x[0])
+
+
+def test_fused_fp8_steps_with_row_kernels_run_on_a_cpu() -> None:
+    """`ElementwiseOps` with row kernels (the default for fused FP8 when Triton is installed) takes CPU tensors
+    too: `row_quant` dispatches them to the reference (no Triton launch on a CPU tensor outside the interpreter)."""
+    fused, plain = ElementwiseOps(True, fp8=True), ElementwiseOps(False, fp8=True)
+    assert fused.row_kernels == HAS_TRITON and not plain.row_kernels
+    x, kw = _inputs("gated_add_norm", 1, 6, 32, False, torch.float32, seed=2)
+    (xa, ha), (xb, hb) = (ops.gated_add_norm(x, kw["y"], kw["gate"], kw["weight"], kw["bias"], 1e-6)
+                          for ops in (fused, plain))
+    torch.testing.assert_close(xa, xb)
+    assert rel_err(dequantize_rows(ha), dequantize_rows(hb)) < 1e-6
+    assert rel_err(dequantize_rows(fused.gelu(x)), dequantize_rows(plain.gelu(x))) < 1e-6
