@@ -87,6 +87,8 @@ def _cfg(preset: str, ranks: int, layout: str, precision: str, attention: str, l
 
 def step_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     layout, precision, attention, *steps = variant.split(":")  # a 4th part "inductor": no row kernels
+    if steps not in ([], ["inductor"]):
+        raise ValueError(f"variant {variant!r}: expected layout:precision:attention[:inductor]")
     device = torch.device("cuda")
     cfg = _cfg(args.preset, args.ranks, layout, precision, attention, args.layers)
     t0 = time.perf_counter()

@@ -243,6 +243,9 @@ def test_a_row_layer_writes_its_padded_output_in_place(fp8: bool, tokens: int, b
     if fp8:
         layer.to_fp8_()
     x = torch.randn(batch, tokens, 16, generator=g)  # (B, T, K/n): this rank's slice of the input, every token
+    copies: list[torch.Size] = []
+    padded_copy = shards._padded
+    shards._padded = lambda t: copies.append(t.shape) or padded_copy(t)  # type: ignore[method-assign]
     with torch.no_grad():
         y = layer(x)
         if fp8:
@@ -250,6 +253,9 @@ def test_a_row_layer_writes_its_padded_output_in_place(fp8: bool, tokens: int, b
             whole = fp8_linear_ref(act.data, act.scale, layer.weight, layer.weight_scale, None, torch.float32)
         else:
             whole = F.linear(x, layer.weight)  # rank 2 adds no bias: rank 0 does, once
+    # the reduce-scatter pads by a copy only where the ranks do not divide T and the GEMM could not write into a
+    # padded buffer (B > 1)
+    assert copies == ([torch.Size((batch, tokens, 20))] if tokens % ranks and batch > 1 else [])
     m = -(-tokens // ranks)
     assert y.shape == (batch, m, 20)
     lo, hi = min(rank * m, tokens), min((rank + 1) * m, tokens)
