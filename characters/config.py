@@ -201,6 +201,14 @@ class ModelConfig(_Frozen):
         "'fp8': the write-time kernel stores K and V in e4m3 with their scales (half the cache memory) and a Triton "
         "kernel attends over them (needs cache_mode='write_time' and a GPU with FP8; docs/fp8.md).",
     )
+    attention_fp8_kernel: Literal["auto", "triton", "cudnn"] = Field(
+        default="auto",
+        description="With attention_precision='fp8', the kernel and the cache form it reads: 'cudnn' (cuDNN's Hopper "
+        "FP8 attention through the optional nvidia-cudnn-frontend package; q, K and V each with one scale per layer, "
+        "the output in e4m3 straight into the output projection), 'triton' (kernels.attention_fp8: V with a scale "
+        "per key, stored transposed) or 'auto': 'cudnn' where it runs (compute capability 9.0, head_dim 64 or 128, "
+        "the package installed), else 'triton'.",
+    )
 
     @property
     def latent_hw(self) -> tuple[int, int]:

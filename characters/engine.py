@@ -109,12 +109,12 @@ class DiTRunner:
         self.dit.fuse_elementwise(self.device.type == "cuda" if fuse is None else fuse)
         self.audio_encoder.eval()
         heads = m.dit.num_heads // ranks
-        if attention_backend == "auto":  # (an FP8 cache has one kernel: kernels.attention_fp8)
+        if attention_backend == "auto":  # (an FP8 cache has its own kernel: ModelConfig.attention_fp8_kernel)
             attention_backend = "sdpa" if m.attention_precision == "fp8" else self._pick_attention(heads)
         self.attention_backend: AttentionBackend = attention_backend
-        self.attention_kernel = "triton_fp8" if m.attention_precision == "fp8" else attention_backend
         self.cache = KVCache(m, local_heads=heads, device=self.device, dtype=self.dtype,
                              attention_backend=attention_backend)
+        self.attention_kernel = f"{self.cache.fp8_kernel}_fp8" if self.cache.fp8_kernel else attention_backend
         self.rope = RopeTables(m.dit, m.generation.latent_frames_per_chunk, m.token_grid, self.device)
         self.sink_rope = self.rope.sink()
         self.sigmas = flow_schedule(m.generation.denoising_steps, m.generation.timestep_shift)

@@ -12,7 +12,10 @@ prefix: one static shape per warm-up chunk, then one for the steady state.
 
 FP8 (`ModelConfig.attention_precision = "fp8"`, write-time only): K in e4m3 (B, Hh, S, Dh), V in e4m3 transposed
 (B, Hh, Dh, S) with a float32 scale per (head, key), and per layer the q / k scales: half the cache memory,
-written by `kernels.qkv_prep_fp8` and read as is by `kernels.attention_fp8`.
+written by `kernels.qkv_prep_fp8` and read as is by `kernels.attention_fp8`. With the cuDNN kernel
+(`ModelConfig.attention_fp8_kernel`): K and V in e4m3 (B, Hh, S', Dh), S' = S rounded up to a multiple of 64 (cuDNN
+reads padded, masked keys), V with one scale per layer set on the first write after a reset, read by
+`kernels.attention_cudnn_fp8`; its e4m3 output goes to the output projection as is.
 
 Two modes (`GenerationConfig.cache_mode`):
 
@@ -28,10 +31,25 @@ import torch
 
 from characters.config import ModelConfig
 from kernels.attention import AttentionBackend, attention, attention_fp8_out
+from kernels.attention_cudnn_fp8 import attention_fp8_tensor, cudnn_fp8_supported, padded_keys
 from kernels.attention_fp8 import attention_fp8
 from kernels.fp8 import FP8, Fp8Act, quantize_rows
 from kernels.qkv_prep import qkv_prep, rms_norm_ref, rope_ref
-from kernels.qkv_prep_fp8 import qkv_prep_fp8
+from kernels.qkv_prep_fp8 import qkv_prep_fp8, set_v_tensor_scale
+
+
+def fp8_attention_kernel(cfg: ModelConfig, device: torch.device | str) -> str:
+    """The FP8 attention kernel `cfg.attention_fp8_kernel` means on `device`: "triton" or "cudnn" ("auto": cuDNN
+    where `kernels.attention_cudnn_fp8.cudnn_fp8_supported`). "cudnn" on a CPU runs its float32 reference (FP8
+    emulation in tests); on a GPU where cuDNN's FP8 attention cannot run it is a ValueError naming the field."""
+    device, kernel, dh = torch.device(device), cfg.attention_fp8_kernel, cfg.dit.head_dim
+    if kernel == "auto":
+        return "cudnn" if cudnn_fp8_supported(device, dh) else "triton"
+    if kernel == "cudnn" and device.type == "cuda" and not cudnn_fp8_supported(device, dh):
+        raise ValueError(f"model.attention_fp8_kernel='cudnn' needs a Hopper GPU (compute capability 9.0), head_dim "
+                         f"64 or 128 (this model: {dh}) and the nvidia-cudnn-frontend package (pip install "
+                         "'characters[cudnn]'); use 'triton' or 'auto'")
+    return kernel
 
 
 class KVCache:
@@ -43,7 +61,17 @@ class KVCache:
         self.eps, self.dtype, self.backend = d.eps, dtype, attention_backend
         shape_s = (d.num_layers, batch, cfg.cache_tokens)
         self.fp8 = cfg.attention_precision == "fp8"
-        if self.fp8:
+        self.fp8_kernel = fp8_attention_kernel(cfg, device) if self.fp8 else None
+        if self.fp8_kernel == "cudnn":
+            self.k = torch.zeros(d.num_layers, batch, local_heads, padded_keys(cfg.cache_tokens), d.head_dim,
+                                 device=device, dtype=FP8)  # (L, B, Hh, S', Dh) e4m3
+            self.v = torch.zeros_like(self.k)  # (L, B, Hh, S', Dh) e4m3
+            self.v_scale = torch.zeros(d.num_layers, 1, device=device)  # (L, 1): 0 until the first write
+            # per layer, whether this session's first write has run (host flags: later writes, and the CUDA graphs
+            # captured after the warm-up's writes, skip the V amax that only the first write needs)
+            self.v_scale_set = [False] * d.num_layers
+            self.qk_scale = torch.ones(d.num_layers, 2, device=device)
+        elif self.fp8:
             self.k = torch.zeros(d.num_layers, batch, local_heads, cfg.cache_tokens, d.head_dim, device=device,
                                  dtype=FP8)  # (L, B, Hh, S, Dh) e4m3
             self.vt = torch.zeros(d.num_layers, batch, local_heads, d.head_dim, cfg.cache_tokens, device=device,
@@ -62,12 +90,16 @@ class KVCache:
             self.sin = torch.zeros_like(self.cos)
 
     def _buffers(self) -> list[torch.Tensor]:
+        if self.fp8_kernel == "cudnn":
+            return [self.k, self.v, self.v_scale, self.qk_scale]
         if self.fp8:
             return [self.k, self.vt, self.v_scale, self.qk_scale]
         return [self.k, self.v] + ([self.cos, self.sin] if self.mode == "naive" else [])
 
     def reset(self) -> None:
         """Wipe every buffer in place (a returned warm slot keeps nothing of the last session)."""
+        if self.fp8_kernel == "cudnn":
+            self.v_scale_set = [False] * len(self.v_scale_set)
         for buf in self._buffers():
             (buf.view(torch.uint8) if buf.dtype == FP8 else buf).zero_()
 
@@ -89,6 +121,8 @@ class KVCache:
         Returns (B, Hh, T, Dh); with `fp8_out` (an FP8 model) the output projection's input instead, (B, T, Hh*Dh)
         quantised per token."""
         attend = attention_fp8_out if fp8_out else attention
+        if self.fp8_kernel == "cudnn":
+            return self._attend_fp8_tensor(layer, qkv, q_weight, k_weight, cos, sin, offset, valid, fp8_out)
         if self.fp8:
             return self._attend_fp8(layer, qkv, q_weight, k_weight, cos, sin, offset, valid, fp8_out)
         if self.mode == "write_time":
@@ -125,3 +159,20 @@ class KVCache:
         if not fp8_out:
             return out
         return quantize_rows(out.transpose(1, 2).reshape(b, t, hh * dh))  # the output projection's input
+
+    def _attend_fp8_tensor(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, offset: int | torch.Tensor, valid: int, fp8_out: bool
+                           ) -> torch.Tensor | Fp8Act:
+        """The cuDNN form: per-tensor scales; the e4m3 output (scale v_scale) is the output projection's input."""
+        b, t, _, hh, dh = qkv.shape
+        k, v, vs, qks = self.k[layer], self.v[layer], self.v_scale[layer], self.qk_scale[layer]
+        if not self.v_scale_set[layer]:  # the session's first write (the sink) sets V's scale
+            set_v_tensor_scale(vs, qkv)  # (where it is still 0: right in a graph captured before any write too)
+            self.v_scale_set[layer] = True
+        q = torch.empty(b, t, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # (B, Hh, T, Dh) token-major
+        q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, k, v, vs, qks, offset, self.eps, out=q, v_layout="tensor")
+        o = torch.empty(b, t, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # token-major, as q
+        attention_fp8_tensor(q, k, v, valid, qks, vs, o, "cudnn" if qkv.is_cuda else "torch")
+        if not fp8_out:
+            return (o.float() * vs).to(qkv.dtype)  # (B, Hh, T, Dh)
+        return Fp8Act(o.transpose(1, 2).reshape(b, t, hh * dh), vs.expand(b, t, 1).contiguous())

@@ -8,6 +8,13 @@ The cache is written once in the form the FP8 attention kernel (`kernels.attenti
                                                v8 = e4m3(v / v_scale)   into vt_cache (B, Hh, Dh, S), TRANSPOSED
     qk_scale <- [q_scale, k_scale]             (2,) float32, what attention multiplies its scores by
 
+or, with ``v_layout="tensor"`` (what cuDNN's FP8 attention reads, `kernels.attention_cudnn_fp8`), V with one scale
+for the layer: v8 = e4m3(v / v_scale) into v_cache (B, Hh, S, Dh), not transposed, `v_scale` (1,) given. That
+scale is set once per session, on the cache's first write after a reset (`set_v_tensor_scale`): the written V's
+largest magnitude times V_HEADROOM (32), over 448. Later chunks' V may grow past the first's up to that headroom
+before they saturate; e4m3 being floating point, the headroom costs no precision to values down to 1/900 of the
+first write's largest.
+
 q and k need no data-dependent scale: after RMSNorm a head vector's elements are at most sqrt(Dh) * max|w|
 (all of its energy in one element), and RoPE rotates pairs without changing their norm, so
 `scale = sqrt(Dh) * max|w| / 448` (from the norm weight alone) can never overflow, and e4m3 being a
@@ -22,6 +29,7 @@ slots), as in `kernels.qkv_prep`; rows landing outside [0, S) are dropped by the
 
 Public API:
     qk_scale_bound           the static scale of a normed, rotated head vector
+    set_v_tensor_scale       the per-tensor V scale, set on a cache's first write (``v_layout="tensor"``)
     qkv_prep_fp8_ref         the readable reference; the CPU path
     qkv_prep_fp8_triton      one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
     qkv_prep_fp8             dispatch
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Literal
 
 import torch
 
@@ -48,15 +57,26 @@ from kernels.qkv_prep import QKVPrepBackend, rms_norm_ref, rope_ref
 if HAS_TRITON:
     import triton.language as tl
 
-__all__ = ["qk_scale_bound", "qkv_prep_fp8", "qkv_prep_fp8_ref", "qkv_prep_fp8_triton"]
+__all__ = ["V_HEADROOM", "VLayout", "qk_scale_bound", "qkv_prep_fp8", "qkv_prep_fp8_ref", "qkv_prep_fp8_triton",
+           "set_v_tensor_scale"]
 
 _TINY = 1e-12
+V_HEADROOM = 32.0
+VLayout = Literal["rows_transposed", "tensor"]
 
 
 def qk_scale_bound(weight: torch.Tensor) -> torch.Tensor:
     """sqrt(Dh) * max|weight| / 448 as a () float32 tensor: no element of rope(rms_norm(x) * weight) exceeds
     448 times it (see the module docstring). weight: (Dh,)."""
     return weight.float().abs().amax() * (math.sqrt(weight.shape[0]) / FP8_MAX)
+
+
+def set_v_tensor_scale(v_scale: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+    """Where `v_scale` (1,) is still 0 (a reset cache), set it from this write's V: amax|v| * V_HEADROOM / 448;
+    else leave it. In place, no host sync (a CUDA-graph replay keeps the first write's scale). qkv (B, T, 3, Hh,
+    Dh)."""
+    first = qkv[:, :, 2].abs().amax().float().clamp_min(_TINY) * (V_HEADROOM / FP8_MAX)
+    return v_scale.copy_(torch.where(v_scale > 0, v_scale, first))
 
 
 def _e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -77,10 +97,13 @@ def qkv_prep_fp8_ref(
     eps: float,
     *,
     out: torch.Tensor | None = None,
+    v_layout: VLayout = "rows_transposed",
 ) -> torch.Tensor:
     """Reference: see the module docstring. Returns q8 (B, Hh, T, Dh) e4m3 (`out` if given: any (B, Hh, T, Dh)
-    e4m3 tensor with a contiguous last dim, e.g. the transposed view of a token-major buffer)."""
-    b, t, hh, dh, _ = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out)
+    e4m3 tensor with a contiguous last dim, e.g. the transposed view of a token-major buffer). With
+    ``v_layout="tensor"`` `vt_cache` is the (B, Hh, S, Dh) V cache and `v_scale` its (1,) scale (read, not set)."""
+    b, t, hh, dh, _ = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out,
+                             v_layout)
     q_raw, k_raw, v_raw = qkv.unbind(2)  # (B, T, Hh, Dh) each
     q = rope_ref(rms_norm_ref(q_raw, q_weight, eps, torch.float32), cos, sin, torch.float32)  # (B, T, Hh, Dh)
     k = rope_ref(rms_norm_ref(k_raw, k_weight, eps, torch.float32), cos, sin, torch.float32)
@@ -90,11 +113,15 @@ def qkv_prep_fp8_ref(
         out = torch.empty((b, hh, t, dh), dtype=FP8, device=qkv.device)
     out.copy_(_e4m3(q / sq).transpose(1, 2))  # (B, Hh, T, Dh)
     vf = v_raw.float()
-    sv = vf.abs().amax(dim=-1).clamp_min(_TINY) / FP8_MAX  # (B, T, Hh)
-    v8 = _e4m3(vf / sv[..., None])  # (B, T, Hh, Dh)
     idx = (offset.reshape(()) if isinstance(offset, torch.Tensor) else offset) + torch.arange(t, device=qkv.device)
     # fp8 tensors are copied as bytes (index_copy_ has no float8 kernel on every device)
     k_cache.view(torch.uint8).index_copy_(2, idx, _e4m3(k / sk).transpose(1, 2).contiguous().view(torch.uint8))
+    if v_layout == "tensor":
+        v8 = _e4m3(vf / v_scale)  # (B, T, Hh, Dh)
+        vt_cache.view(torch.uint8).index_copy_(2, idx, v8.transpose(1, 2).contiguous().view(torch.uint8))
+        return out
+    sv = vf.abs().amax(dim=-1).clamp_min(_TINY) / FP8_MAX  # (B, T, Hh)
+    v8 = _e4m3(vf / sv[..., None])  # (B, T, Hh, Dh)
     vt_cache.view(torch.uint8).index_copy_(3, idx, v8.permute(0, 2, 3, 1).contiguous().view(torch.uint8))
     v_scale.index_copy_(2, idx, sv.transpose(1, 2).contiguous())  # (B, Hh, T)
     return out
@@ -108,8 +135,8 @@ def _qkv_prep_fp8_kernel(
     sin_ptr,
     q_out_ptr,  # (B, Hh, T, Dh) e4m3, strides (s_qo_b, s_qo_h, s_qo_t, 1)
     k_cache_ptr,  # (B, Hh, S, Dh) e4m3, strides (s_kc_b, s_kc_h, s_kc_s, 1)
-    vt_cache_ptr,  # (B, Hh, Dh, S) e4m3, strides (s_vc_b, s_vc_h, s_vc_d, 1)
-    v_scale_ptr,  # (B, Hh, S) float32, strides (s_vs_b, s_vs_h, 1)
+    vt_cache_ptr,  # (B, Hh, Dh, S) e4m3, strides (s_vc_b, s_vc_h, s_vc_d, s_vc_s = 1); V_TENSOR: (B, Hh, S, Dh)
+    v_scale_ptr,  # (B, Hh, S) float32, strides (s_vs_b, s_vs_h, 1); V_TENSOR: (1,), read
     qk_scale_ptr,  # (2,) float32
     offset_ptr,
     offset_value,
@@ -119,7 +146,7 @@ def _qkv_prep_fp8_kernel(
     s_rope_t,
     s_qo_b, s_qo_h, s_qo_t,
     s_kc_b, s_kc_h, s_kc_s,
-    s_vc_b, s_vc_h, s_vc_d,
+    s_vc_b, s_vc_h, s_vc_d, s_vc_s,
     s_vs_b, s_vs_h,
     eps,
     bound,  # sqrt(Dh) / 448
@@ -127,6 +154,7 @@ def _qkv_prep_fp8_kernel(
     BLOCK_D: tl.constexpr,  # next power of two >= HEAD_DIM
     BLOCK_T: tl.constexpr,
     OFFSET_FROM_PTR: tl.constexpr,
+    V_TENSOR: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_T consecutive tokens of one head of one batch (grid: T blocks, Hh, B). Tokens are
@@ -177,10 +205,14 @@ def _qkv_prep_fp8_kernel(
     k_dst = k_cache_ptr + b * s_kc_b + h * s_kc_h + pos[:, None] * s_kc_s + d[None, :]
     tl.store(k_dst, to_e4m3(yk / sk, INTERPRET), mask=ok[:, None] & d_ok[None, :])
 
-    sv = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-12) / 448.0  # (BLOCK_T,) per (token, head)
-    v_dst = vt_cache_ptr + b * s_vc_b + h * s_vc_h + d[None, :] * s_vc_d + pos[:, None]  # (BLOCK_T, Dh), transposed
-    tl.store(v_dst, to_e4m3(xv / sv[:, None], INTERPRET), mask=ok[:, None] & d_ok[None, :])
-    tl.store(v_scale_ptr + b * s_vs_b + h * s_vs_h + pos, sv, mask=ok)
+    v_dst = vt_cache_ptr + b * s_vc_b + h * s_vc_h + d[None, :] * s_vc_d + pos[:, None] * s_vc_s  # (BLOCK_T, Dh)
+    if V_TENSOR:  # one scale for the layer
+        sv_t = tl.load(v_scale_ptr)
+        tl.store(v_dst, to_e4m3(xv / sv_t, INTERPRET), mask=ok[:, None] & d_ok[None, :])
+    else:
+        sv = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-12) / 448.0  # (BLOCK_T,) per (token, head)
+        tl.store(v_dst, to_e4m3(xv / sv[:, None], INTERPRET), mask=ok[:, None] & d_ok[None, :])
+        tl.store(v_scale_ptr + b * s_vs_b + h * s_vs_h + pos, sv, mask=ok)
 
 
 def qkv_prep_fp8_triton(
@@ -197,11 +229,13 @@ def qkv_prep_fp8_triton(
     eps: float,
     *,
     out: torch.Tensor | None = None,
+    v_layout: VLayout = "rows_transposed",
     block_t: int = 32,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """`qkv_prep_fp8_ref` in one Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
-    b, t, hh, dh, s = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out)
+    b, t, hh, dh, s = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out,
+                             v_layout)
     check_triton_mode("qkv_prep_fp8_triton")
     if qkv.device.type != "cuda" and not interpreter_enabled():
         raise ValueError(f"qkv_prep_fp8_triton: tensors are on {qkv.device}; the Triton kernel needs CUDA tensors, "
@@ -214,6 +248,8 @@ def qkv_prep_fp8_triton(
     offset_ptr = offset if isinstance(offset, torch.Tensor) else qkv
     offset_value = 0 if isinstance(offset, torch.Tensor) else offset
     kernel = jit_for_current_mode(_qkv_prep_fp8_kernel, do_not_specialize=["offset_value"])
+    v_strides = ((vt_cache.stride(0), vt_cache.stride(1), 1, vt_cache.stride(2), 0, 0) if v_layout == "tensor" else
+                 (vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2), 1, v_scale.stride(0), v_scale.stride(1)))
     grid = (-(-t // block_t), hh, b)
     guard = torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext()
     with guard:
@@ -224,11 +260,10 @@ def qkv_prep_fp8_triton(
             cos.stride(0),
             out.stride(0), out.stride(1), out.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2),
-            v_scale.stride(0), v_scale.stride(1),
+            *v_strides,
             float(eps), math.sqrt(dh) / FP8_MAX,
             HEAD_DIM=dh, BLOCK_D=next_power_of_2(dh), BLOCK_T=block_t, OFFSET_FROM_PTR=from_ptr,
-            INTERPRET=interpreter_enabled(), num_warps=num_warps,
+            V_TENSOR=v_layout == "tensor", INTERPRET=interpreter_enabled(), num_warps=num_warps,
         )  # fmt: skip
     return out
 
@@ -248,21 +283,23 @@ def qkv_prep_fp8(
     backend: QKVPrepBackend = "auto",
     *,
     out: torch.Tensor | None = None,
+    v_layout: VLayout = "rows_transposed",
 ) -> torch.Tensor:
     """The FP8 cache write; "auto" = Triton on CUDA (when installed), the reference elsewhere."""
     if backend == "auto":
         backend = "triton" if qkv.is_cuda and HAS_TRITON else "torch"
     args = (qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, eps)
     if backend == "triton":
-        return qkv_prep_fp8_triton(*args, out=out)
+        return qkv_prep_fp8_triton(*args, out=out, v_layout=v_layout)
     if backend == "torch":
-        return qkv_prep_fp8_ref(*args, out=out)
+        return qkv_prep_fp8_ref(*args, out=out, v_layout=v_layout)
     raise ValueError(f"qkv_prep_fp8: backend={backend!r} is not one of 'auto', 'triton', 'torch'")
 
 
 def _check(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
            k_cache: torch.Tensor, vt_cache: torch.Tensor, v_scale: torch.Tensor, qk_scale: torch.Tensor,
-           offset: int | torch.Tensor, out: torch.Tensor | None) -> tuple[int, int, int, int, int]:
+           offset: int | torch.Tensor, out: torch.Tensor | None, v_layout: VLayout = "rows_transposed"
+           ) -> tuple[int, int, int, int, int]:
     """Validate; return (B, T, Hh, Dh, S). ValueError naming the argument, its value and the fix."""
 
     def fail(msg: str) -> ValueError:
@@ -288,11 +325,21 @@ def _check(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, co
     if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hh) or k_cache.shape[3] != dh or k_cache.dtype != FP8:
         raise fail(f"k_cache is {k_cache.dtype} {tuple(k_cache.shape)}; expected {FP8} ({b}, {hh}, S, {dh})")
     s = k_cache.shape[2]
-    if vt_cache.shape != (b, hh, dh, s) or vt_cache.dtype != FP8:
-        raise fail(f"vt_cache is {vt_cache.dtype} {tuple(vt_cache.shape)}; expected {FP8} ({b}, {hh}, {dh}, {s}) "
-                   "= (B, Hh, Dh, S), V transposed")
-    if v_scale.shape != (b, hh, s) or v_scale.dtype != torch.float32 or v_scale.stride(-1) != 1:
-        raise fail(f"v_scale is {v_scale.dtype} {tuple(v_scale.shape)}; expected float32 ({b}, {hh}, {s})")
+    if v_layout == "tensor":
+        if vt_cache.shape != (b, hh, s, dh) or vt_cache.dtype != FP8:
+            raise fail(f"v_cache is {vt_cache.dtype} {tuple(vt_cache.shape)}; expected {FP8} ({b}, {hh}, {s}, {dh}) "
+                       "= (B, Hh, S, Dh) with v_layout='tensor'")
+        if v_scale.shape != (1,) or v_scale.dtype != torch.float32:
+            raise fail(f"v_scale is {v_scale.dtype} {tuple(v_scale.shape)}; expected float32 (1,) with "
+                       "v_layout='tensor'")
+    elif v_layout != "rows_transposed":
+        raise fail(f"v_layout={v_layout!r} is not one of 'rows_transposed', 'tensor'")
+    else:
+        if vt_cache.shape != (b, hh, dh, s) or vt_cache.dtype != FP8:
+            raise fail(f"vt_cache is {vt_cache.dtype} {tuple(vt_cache.shape)}; expected {FP8} ({b}, {hh}, {dh}, "
+                       f"{s}) = (B, Hh, Dh, S), V transposed")
+        if v_scale.shape != (b, hh, s) or v_scale.dtype != torch.float32 or v_scale.stride(-1) != 1:
+            raise fail(f"v_scale is {v_scale.dtype} {tuple(v_scale.shape)}; expected float32 ({b}, {hh}, {s})")
     if qk_scale.shape != (2,) or qk_scale.dtype != torch.float32:
         raise fail(f"qk_scale is {qk_scale.dtype} {tuple(qk_scale.shape)}; expected float32 (2,)")
     if k_cache.stride(-1) != 1 or vt_cache.stride(-1) != 1:

@@ -7,8 +7,9 @@
 
 steps: one DiT rank of a `ranks`-way tensor-parallel session with exactly that rank's shapes and weight share
 (communication excluded: no all-gather / reduce-scatter / all-reduce), replayed from CUDA graphs. A variant is
-`layout:precision:attention_precision`, layout `sp` (sequence parallel: the rank's 1/n of the token-wise work)
-or `rep` (every token on every rank, the serving default). Each variant runs in a process of its own (memory;
+`layout:precision:attention`, attention `bf16`, `fp8` (the kernel `auto` picks), `fp8-triton` or `fp8-cudnn`;
+layout `sp` (sequence parallel: the rank's 1/n of the token-wise work) or `rep` (every token on every rank, the
+serving default). Each variant runs in a process of its own (memory;
 one failing variant does not lose the others). The floor beside each time is the rank's FLOPs at the matmul
 rates measured in the same process: bf16 `torch.mm` and FP8 `torch._scaled_mm` (row-wise scales, fast
 accumulation), the best of five medians of an 8192^3 product each (`characters.flops.ChunkCost.floor_ms`).
@@ -79,7 +80,11 @@ def _cfg(preset: str, ranks: int, layout: str, precision: str, attention: str, l
          dtype: str = "bfloat16") -> Any:
     topo: TopologyConfig = TOPOLOGIES[TOPOLOGY_FOR_RANKS[ranks]].model_copy(
         update={"sequence_parallel": layout == "sp" and ranks > 1})
-    model: dict[str, Any] = {"precision": precision, "attention_precision": attention}
+    precision_a, _, kernel = attention.partition("-")  # "fp8-cudnn" / "fp8-triton": the FP8 attention kernel
+    if precision_a not in ("bf16", "fp8") or kernel not in ("", "triton", "cudnn") or (kernel and precision_a != "fp8"):
+        raise ValueError(f"attention {attention!r}: expected bf16, fp8, fp8-triton or fp8-cudnn")
+    model: dict[str, Any] = {"precision": precision, "attention_precision": precision_a,
+                             "attention_fp8_kernel": kernel or "auto"}
     if layers:
         model["dit"] = {"num_layers": layers}
     return session_config(preset, topo.model_dump(), dtype=dtype, weights="random", model=model)
@@ -108,7 +113,8 @@ def step_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     cost = chunk_cost(cfg)
     ms = statistics.median(times)
     floor_bf16 = cost.floor_ms(rates["bf16"])
-    floor_prec = cost.floor_ms(rates["bf16"], rates["fp8"] if precision == "fp8" else None, attention == "fp8")
+    floor_prec = cost.floor_ms(rates["bf16"], rates["fp8"] if precision == "fp8" else None,
+                               attention.startswith("fp8"))
     row = {"variant": variant, "layout": layout, "precision": precision, "attention_precision": attention,
            "ms_p50": ms, "ms_min": min(times), "ms_max": max(times), "iters": len(times),
            "floor_ms_bf16_rate": floor_bf16, "floor_ms_at_its_rates": floor_prec, "ratio": ms / floor_prec,

@@ -95,6 +95,10 @@ def main() -> None:
          "benchmarks/h200/step_57b_tp4_fp8.json (sp:fp8:bf16)"),
         ("3 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:bf16"),
          "benchmarks/h200/step_57b_tp3_fp8.json (sp:fp8:bf16)"),
+        ("4 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp4_fp8.json", "sp:fp8:fp8-cudnn"),
+         "benchmarks/h200/step_57b_tp4_fp8.json (sp:fp8:fp8-cudnn)"),
+        ("3 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:fp8-cudnn"),
+         "benchmarks/h200/step_57b_tp3_fp8.json (sp:fp8:fp8-cudnn)"),
     ]
     host_in = (cpu["agent_to_room_s"]["p50"] + cpu["boundary_s"]["p50"]) * 1e3
     network = cpu["network_s"]["p50"] * 1e3
@@ -122,9 +126,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     keys = [k for k in rows[0] if k.endswith("_ms") and k not in ("total_ms", "target_ms", "rest_ms", "rest_due_ms")]
-    print(f"{'57b, ms (p50)':<22}" + "".join(f"{k.removesuffix('_ms')[:12]:>13}" for k in keys) + f"{'total':>8}")
+    print(f"{'57b, ms (p50)':<29}" + "".join(f"{k.removesuffix('_ms')[:12]:>13}" for k in keys) + f"{'total':>8}")
     for r in rows:
-        print(f"{r['topology']:<22}" + "".join(f"{r[k]:>13.1f}" for k in keys)
+        print(f"{r['topology']:<29}" + "".join(f"{r[k]:>13.1f}" for k in keys)
               + f"{r['total_ms']:>8.1f}" + ("" if r["met"] else "  > 350")
               + f"   rest {r['rest_ms']:.1f} ms, due within {r['rest_due_ms']:.1f}"
               + ("" if r["rest_fits"] else " (LATE)"))

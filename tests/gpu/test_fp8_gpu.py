@@ -14,9 +14,10 @@ import torch
 from characters.config import session_config
 from characters.dit import ElementwiseOps
 from characters.engine import DiTRunner
+from kernels.attention_cudnn_fp8 import attention_cudnn_fp8, attention_fp8_tensor_ref, cudnn_fp8_supported, padded_keys
 from kernels.attention_fp8 import attention_fp8_ref, attention_fp8_triton
 from kernels.fp8 import FP8, Fp8Act, dequantize_rows, fp8_linear, fp8_linear_ref, quantize_rows_ref, quantize_weight
-from kernels.qkv_prep_fp8 import qkv_prep_fp8_ref, qkv_prep_fp8_triton
+from kernels.qkv_prep_fp8 import qkv_prep_fp8_ref, qkv_prep_fp8_triton, set_v_tensor_scale
 from kernels.testing import make_qkv_prep_inputs, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -171,6 +172,42 @@ def test_attention_fp8_kernel_matches_reference(hh: int, tq: int, s: int) -> Non
             q8, k8, vt8, vs, qks, tma=False)) < 1e-3
 
 
+@pytest.mark.parametrize(("hh", "tq", "valid"), [(24, 2992, 14960), (18, 2992, 8976), (3, 187, 935)])
+def test_cudnn_fp8_attention_matches_reference(hh: int, tq: int, valid: int) -> None:
+    """cuDNN's FP8 attention over the per-tensor cache form, written by the Triton cache write (`v_layout="tensor"`,
+    its V scale set by that write), at the 57b TP3 / TP4 rank's shapes: against the float32 reference, keys past
+    `valid` (up to the padded 64-multiple it reads) never counted, and replayed from a CUDA graph."""
+    _needs_cudnn()
+    s = padded_keys(valid) + 64
+    inp = make_qkv_prep_inputs(1, tq, hh, 128, s, torch.bfloat16, device="cuda",
+                               generator=torch.Generator(device="cuda").manual_seed(hh))
+    g = torch.Generator(device="cuda").manual_seed(7)
+    k8 = (4 * torch.randn(1, hh, s, 128, device="cuda", generator=g)).to(FP8)  # the older keys of the cache
+    v8 = (40 * torch.randn(1, hh, s, 128, device="cuda", generator=g)).to(FP8)
+    vs, qks = torch.zeros(1, device="cuda"), torch.ones(2, device="cuda")
+    set_v_tensor_scale(vs, inp.qkv)
+    q8 = qkv_prep_fp8_triton(inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin, k8, v8, vs, qks, valid - tq, 1e-6,
+                             v_layout="tensor")
+    out = torch.empty(1, tq, hh, 128, device="cuda", dtype=FP8).transpose(1, 2)  # token-major
+    got = attention_cudnn_fp8(q8, k8, v8, valid, qks, vs, out)
+    assert got is out
+    heads = slice(0, min(hh, 4))
+    ref = torch.empty(1, heads.stop, tq, 128, device="cuda", dtype=FP8)
+    attention_fp8_tensor_ref(q8[:, heads], k8[:, heads], v8[:, heads], valid, qks, vs, ref)
+    assert rel_err(out[:, heads].float(), ref.float()) < 6e-2  # P and the output in e4m3: ~4% on random data
+    k8[:, :, valid:] = torch.full_like(k8[:, :, valid:], 400.0)  # past `valid`: masked, however large
+    v8[:, :, valid:] = torch.full_like(v8[:, :, valid:], 400.0)
+    again = attention_cudnn_fp8(q8, k8, v8, valid, qks, vs, torch.empty_like(out))
+    assert torch.equal(again.view(torch.uint8), out.view(torch.uint8))
+    graph_out = torch.empty_like(out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention_cudnn_fp8(q8, k8, v8, valid, qks, vs, graph_out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out.view(torch.uint8), out.view(torch.uint8))
+
+
 def test_attention_fp8_kernel_is_exact_where_p_is_representable() -> None:
     """q = 0: every key weighs the same (p = 1) and with equal V scales P's e4m3 cast is exact, so the kernel
     must equal the reference up to the FP8 tensor cores' accumulation (1e-3 where P rounding alone costs 2.5%):
@@ -182,10 +219,21 @@ def test_attention_fp8_kernel_is_exact_where_p_is_representable() -> None:
     assert rel_err(out, attention_fp8_ref(q8, k8, vt8, vs, qks, torch.float32)) < 1e-3
 
 
-def _tiny(precision: str, attention: str) -> DiTRunner:
-    cfg = session_config("tiny", "gpu1", seed=2, dtype="bfloat16", weights="random",
-                         model={"precision": precision, "attention_precision": attention})
+def _tiny(precision: str, attention: str, heads: int | None = None) -> DiTRunner:
+    model: dict[str, object] = {"precision": precision, "attention_precision": attention}
+    if heads:
+        model["dit"] = {"num_heads": heads}
+    if attention == "fp8-cudnn":  # cuDNN's FP8 attention takes head_dim 64 or 128: tiny with 3 heads of 64
+        _needs_cudnn()
+        model.update(attention_precision="fp8", attention_fp8_kernel="cudnn", dit={"num_heads": 3})
+    cfg = session_config("tiny", "gpu1", seed=2, dtype="bfloat16", weights="random", model=model)
     return DiTRunner(cfg, device="cuda")
+
+
+def _needs_cudnn() -> None:
+    pytest.importorskip("cudnn", reason="the optional `cudnn` extra (nvidia-cudnn-frontend) is not installed")
+    if not cudnn_fp8_supported("cuda", 128):
+        pytest.skip("cuDNN's FP8 attention with an FP8 output runs on Hopper (compute capability 9.0)")
 
 
 def _session(runner: DiTRunner, graphs: bool, chunks: int) -> list[torch.Tensor]:
@@ -199,7 +247,7 @@ def _session(runner: DiTRunner, graphs: bool, chunks: int) -> list[torch.Tensor]
             for _ in range(chunks)]
 
 
-@pytest.mark.parametrize("attention", ["bf16", "fp8"])
+@pytest.mark.parametrize("attention", ["bf16", "fp8", "fp8-cudnn"])
 def test_fp8_graph_replay_equals_eager(attention: str) -> None:
     eager = _session(_tiny("fp8", attention), graphs=False, chunks=6)
     graphed = _session(_tiny("fp8", attention), graphs=True, chunks=6)
@@ -207,9 +255,9 @@ def test_fp8_graph_replay_equals_eager(attention: str) -> None:
         assert rel_err(b, a) < 2e-2
 
 
-@pytest.mark.parametrize("attention", ["bf16", "fp8"])
+@pytest.mark.parametrize("attention", ["bf16", "fp8", "fp8-cudnn"])
 def test_fp8_error_does_not_grow_along_the_cache(attention: str) -> None:
-    base = _session(_tiny("bf16", "bf16"), graphs=True, chunks=100)
+    base = _session(_tiny("bf16", "bf16", heads=3 if attention == "fp8-cudnn" else None), graphs=True, chunks=100)
     fp8 = _session(_tiny("fp8", attention), graphs=True, chunks=100)
     errs = np.array([rel_err(b, a) for a, b in zip(base, fp8, strict=True)])
     assert errs.max() < 0.2, errs

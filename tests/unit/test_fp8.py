@@ -190,12 +190,16 @@ def test_growth_criterion_detects_growth() -> None:
     assert _grows(flat + np.linspace(0, 0.03, 100))
 
 
-@pytest.mark.parametrize("attention", ["bf16", "fp8"])
-def test_fp8_error_does_not_grow_along_the_cache(attention: str) -> None:
-    """40 chunks (the ring of 4 slots turns over 10 times) of a 2-layer tiny: FP8 against the reference."""
+@pytest.mark.parametrize(("attention", "kernel"), [("bf16", "auto"), ("fp8", "triton"), ("fp8", "cudnn")])
+def test_fp8_error_does_not_grow_along_the_cache(attention: str, kernel: str) -> None:
+    """40 chunks (the ring of 4 slots turns over 10 times) of a 2-layer tiny: FP8 against the reference. "cudnn":
+    the per-tensor cache form (its V scale set by the first write, the sink) through its float32 reference."""
     model = {"dit": {"num_layers": 2}}
     base = _session(_runner(model=model), 40)
-    fp8 = _session(_runner("fp8", attention, model=model), 40)
+    runner = _runner("fp8", attention, model={**model, "attention_fp8_kernel": kernel})
+    if attention == "fp8":
+        assert runner.attention_kernel == f"{kernel}_fp8"
+    fp8 = _session(runner, 40)
     errs = [rel_err(b, a) for a, b in zip(base, fp8, strict=True)]
     assert max(errs) < 0.1 and not _grows(errs), errs
 

@@ -45,7 +45,7 @@ def test_interpreted_suite_in_child_process() -> None:
     tail = (res.stdout + res.stderr)[-4000:]
     assert res.returncode == 0, tail
     summary = re.search(r"(\d+) passed", res.stdout)
-    assert summary and int(summary.group(1)) >= len(QKV_CASES) + len(ATTN_CASES) + 4, tail
+    assert summary and int(summary.group(1)) >= 2 * len(QKV_CASES) + len(ATTN_CASES) + 4, tail
     assert not re.search(r"\d+ (failed|skipped|error)", res.stdout), tail
 
 
@@ -107,6 +107,31 @@ class TestFp8KernelsInterpreted:
             idx = [slice(None)] * got[i].ndim
             idx[axis] = keep  # type: ignore[call-overload]
             assert torch.equal(_bytes(got[i])[tuple(idx)], _bytes(before[i])[tuple(idx)])
+
+    @pytest.mark.parametrize(("b", "t", "hh", "dh", "s", "offset", "as_tensor", "dtype"), QKV_CASES)
+    def test_qkv_prep_fp8_tensor_v_matches_reference(self, b: int, t: int, hh: int, dh: int, s: int, offset: int,
+                                                     as_tensor: bool, dtype: torch.dtype) -> None:
+        """v_layout="tensor" (the cuDNN form): V (B, Hh, S, Dh) with one given scale, untouched elsewhere."""
+        inp = make_qkv_prep_inputs(b, t, hh, dh, s, dtype, pad=3, generator=torch.Generator().manual_seed(t))
+        args = (inp.qkv, inp.q_weight, inp.k_weight, inp.cos, inp.sin)
+
+        def cache() -> list[torch.Tensor]:
+            k, _, _, qks = _cache(b, hh, s, dh)
+            v = (2 * torch.randn(b, hh, s, dh, generator=torch.Generator().manual_seed(5))).to(FP8)
+            return [k, v, torch.tensor([0.0125]), qks]
+
+        got, ref, before = cache(), cache(), cache()
+        off = torch.tensor(offset) if as_tensor else offset
+        q = qkv_prep_fp8_triton(*args, *got, off, EPS, v_layout="tensor")
+        q_ref = qkv_prep_fp8_ref(*args, *ref, offset, EPS, v_layout="tensor")
+        want_v = (inp.qkv[:, :, 2].float() / 0.0125).clamp(-448, 448).to(FP8).transpose(1, 2)  # (B, Hh, T, Dh)
+        assert torch.equal(_bytes(ref[1][:, :, offset:offset + t]), _bytes(want_v))
+        assert torch.equal(_bytes(got[1]), _bytes(ref[1])) and torch.equal(got[2], ref[2])
+        for a, r in ((q, q_ref), (got[0], ref[0])):
+            assert (_bytes(a) != _bytes(r)).float().mean() < 1e-3
+        keep = torch.ones(s, dtype=torch.bool)
+        keep[offset:offset + t] = False
+        assert torch.equal(_bytes(got[1])[:, :, keep], _bytes(before[1])[:, :, keep])
 
     def test_qkv_prep_fp8_drops_out_of_range_rows(self) -> None:
         inp = make_qkv_prep_inputs(1, 5, 2, 64, 10, torch.float32, generator=torch.Generator().manual_seed(2))
