@@ -11,6 +11,7 @@ from kernels.attention import (
     available_backends,
     pick_backend,
 )
+from kernels.attention_cudnn_fp8 import attention_cudnn_fp8, attention_fp8_tensor, attention_fp8_tensor_ref
 from kernels.attention_fp8 import attention_fp8, attention_fp8_ref, attention_fp8_triton
 from kernels.fp8 import FP8, Fp8Act, fp8_linear, fp8_linear_ref, quantize_rows, quantize_rows_ref, quantize_weight
 from kernels.qkv_prep import QKVPrepBackend, qkv_prep, qkv_prep_ref, qkv_prep_triton, rms_norm_ref, rope_ref
@@ -24,8 +25,11 @@ __all__ = [
     "Fp8Act",
     "QKVPrepBackend",
     "attention",
+    "attention_cudnn_fp8",
     "attention_fp8",
     "attention_fp8_ref",
+    "attention_fp8_tensor",
+    "attention_fp8_tensor_ref",
     "attention_fp8_triton",
     "attention_ref",
     "available_backends",
