@@ -598,6 +598,8 @@ def test_dockerfile_pins_agree_with_pyproject() -> None:
     setup_pip = re.search(r'"pip==([\d.]+)"', (REPO / "scripts" / "setup.sh").read_text())
     assert setup_pip and pins["PIP_VERSION"] == setup_pip[1]
     assert pins["USER"].split(":")[0] not in ("0", "root")
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cudnn"]
+    assert extra == [f"nvidia-cudnn-frontend=={pins['CUDNN_FRONTEND_VERSION']}"], extra
 
 
 def test_rayservice_image_is_the_project_version(rendered: dict[str, list[dict[str, Any]]]) -> None:
