@@ -198,8 +198,9 @@ class ModelConfig(_Frozen):
     attention_precision: Precision = Field(
         default="bf16",
         description="Self-attention over the KV cache: 'bf16' (the cache in the compute dtype, cuDNN/SDPA kernels) or "
-        "'fp8': the write-time kernel stores K and V in e4m3 with their scales (half the cache memory) and a Triton "
-        "kernel attends over them (needs cache_mode='write_time' and a GPU with FP8; docs/fp8.md).",
+        "'fp8': the write-time kernel stores K and V in e4m3 with their scales (half the cache memory) and an FP8 "
+        "kernel attends over them (attention_fp8_kernel; needs cache_mode='write_time' and a GPU with FP8; "
+        "docs/fp8.md).",
     )
     attention_fp8_kernel: Literal["auto", "triton", "cudnn"] = Field(
         default="auto",

@@ -48,7 +48,7 @@ def fp8_attention_kernel(cfg: ModelConfig, device: torch.device | str) -> str:
     if kernel == "cudnn" and device.type == "cuda" and not cudnn_fp8_supported(device, dh):
         raise ValueError(f"model.attention_fp8_kernel='cudnn' needs a Hopper GPU (compute capability 9.0), head_dim "
                          f"64 or 128 (this model: {dh}) and the nvidia-cudnn-frontend package (pip install "
-                         "'characters[cudnn]'); use 'triton' or 'auto'")
+                         "'realtime-characters[cudnn]'); use 'triton' or 'auto'")
     return kernel
 
 
