@@ -67,6 +67,7 @@ class KVCache:
                                  device=device, dtype=FP8)  # (L, B, Hh, S', Dh) e4m3
             self.v = torch.zeros_like(self.k)  # (L, B, Hh, S', Dh) e4m3
             self.v_scale = torch.zeros(d.num_layers, 1, device=device)  # (L, 1): 0 until the first write
+            self.v_inv = torch.zeros_like(self.v_scale)  # (L, 1): 1 / v_scale, the output's scale for cuDNN
             # per layer, whether this session's first write has run (host flags: later writes, and the CUDA graphs
             # captured after the warm-up's writes, skip the V amax that only the first write needs)
             self.v_scale_set = [False] * d.num_layers
@@ -91,7 +92,7 @@ class KVCache:
 
     def _buffers(self) -> list[torch.Tensor]:
         if self.fp8_kernel == "cudnn":
-            return [self.k, self.v, self.v_scale, self.qk_scale]
+            return [self.k, self.v, self.v_scale, self.v_inv, self.qk_scale]
         if self.fp8:
             return [self.k, self.vt, self.v_scale, self.qk_scale]
         return [self.k, self.v] + ([self.cos, self.sin] if self.mode == "naive" else [])
@@ -168,11 +169,12 @@ class KVCache:
         k, v, vs, qks = self.k[layer], self.v[layer], self.v_scale[layer], self.qk_scale[layer]
         if not self.v_scale_set[layer]:  # the session's first write (the sink) sets V's scale
             set_v_tensor_scale(vs, qkv)  # (where it is still 0: right in a graph captured before any write too)
+            torch.reciprocal(vs, out=self.v_inv[layer])
             self.v_scale_set[layer] = True
         q = torch.empty(b, t, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # (B, Hh, T, Dh) token-major
         q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, k, v, vs, qks, offset, self.eps, out=q, v_layout="tensor")
         o = torch.empty(b, t, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # token-major, as q
-        attention_fp8_tensor(q, k, v, valid, qks, vs, o, "cudnn" if qkv.is_cuda else "torch")
+        attention_fp8_tensor(q, k, v, valid, qks, vs, o, "cudnn" if qkv.is_cuda else "torch", self.v_inv[layer])
         if not fp8_out:
             return (o.float() * vs).to(qkv.dtype)  # (B, Hh, T, Dh)
         return Fp8Act(o.transpose(1, 2).reshape(b, t, hh * dh), vs.expand(b, t, 1).contiguous())

@@ -16,7 +16,7 @@ forward writes only FP8 (a bf16 output is Blackwell's), which suits it.
 `attention_cudnn_fp8` runs cuDNN's FP8 SDPA through the cudnn-frontend Python package (`nvidia-cudnn-frontend`,
 the optional `cudnn` extra; torch's SDPA does not expose it): P is scaled by 448 before its cast to e4m3. The
 keys are read up to S rounded up to a multiple of 64 with a padding mask hiding the rest (its engine is the
-faster one: 0.67 against 0.74 ms at 24 heads, `scripts/probe_attention_cudnn_fp8.py`), so the cache must hold
+faster one: 0.68 against 0.76 ms at 24 heads, `scripts/probe_attention_cudnn_fp8.py`), so the cache must hold
 that many slots. A cuDNN graph is built once per shape and stride set (at warm-up: building plans takes
 ~0.1 s) and executed on the current stream, so a CUDA-graph capture records it.
 
@@ -36,8 +36,8 @@ import torch
 
 from kernels.fp8 import FP8, FP8_MAX
 
-__all__ = ["attention_cudnn_fp8", "attention_fp8_tensor", "attention_fp8_tensor_ref", "cudnn_fp8_supported",
-           "padded_keys"]
+__all__ = ["CudnnFp8Graph", "attention_cudnn_fp8", "attention_fp8_tensor", "attention_fp8_tensor_ref",
+           "cudnn_fp8_supported", "cudnn_handle", "padded_keys"]
 
 KEY_ALIGN = 64  # the keys cuDNN reads are padded to this multiple (masked)
 
@@ -98,54 +98,70 @@ def attention_fp8_tensor_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tenso
     return out
 
 
-class _Graph:
-    """One cuDNN FP8 SDPA graph for fixed shapes and strides; `run` executes it on given pointers."""
+class CudnnFp8Graph:
+    """One cuDNN FP8 SDPA graph for fixed shapes and strides (built once: ~0.1 s); `run` executes it on the given
+    tensors of those shapes. `valid`: keys past it hidden by a padding mask (None: no mask, every key of k8 read).
+    The output's dtype is `out`'s (e4m3; bf16 is refused by cuDNN on Hopper). `plan`: build only that execution
+    plan of the heuristics' list (`plans` long), for probing them; None: the first that builds."""
 
     def __init__(self, cudnn: Any, handle: Any, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
-                 out: torch.Tensor, valid: int) -> None:
+                 out: torch.Tensor, valid: int | None, plan: int | None = None) -> None:
         e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
         g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
         self.t = {n: g.tensor(name=n, dim=list(x.shape), stride=list(x.stride()), data_type=e4m3)
                   for n, x in (("q", q8), ("k", k8), ("v", v8))}
         one = {"dim": [1, 1, 1, 1], "stride": [1, 1, 1, 1], "data_type": f32}
         self.s = {n: g.tensor(name=n, **one) for n in ("dq", "dk", "dv", "ds", "ss", "so")}
-        b = q8.shape[0]
-        seq = {"dim": [b, 1, 1, 1], "stride": [1, 1, 1, 1], "data_type": cudnn.data_type.INT32}
-        self.seq_q, self.seq_kv = g.tensor(name="seq_q", **seq), g.tensor(name="seq_kv", **seq)
+        b, dev = q8.shape[0], q8.device
+        mask: dict[str, Any] = {}
+        self.lens: dict[Any, torch.Tensor] = {}
+        if valid is not None:
+            seq = {"dim": [b, 1, 1, 1], "stride": [1, 1, 1, 1], "data_type": cudnn.data_type.INT32}
+            seq_q, seq_kv = g.tensor(name="seq_q", **seq), g.tensor(name="seq_kv", **seq)
+            mask = {"use_padding_mask": True, "seq_len_q": seq_q, "seq_len_kv": seq_kv}
+            self.lens = {seq_q: torch.full((b, 1, 1, 1), q8.shape[2], device=dev, dtype=torch.int32),
+                         seq_kv: torch.full((b, 1, 1, 1), valid, device=dev, dtype=torch.int32)}
         o, _, amax_s, amax_o = g.sdpa_fp8(
             q=self.t["q"], k=self.t["k"], v=self.t["v"], descale_q=self.s["dq"], descale_k=self.s["dk"],
             descale_v=self.s["dv"], descale_s=self.s["ds"], scale_s=self.s["ss"], scale_o=self.s["so"],
-            generate_stats=False, attn_scale=1.0 / math.sqrt(q8.shape[-1]), use_padding_mask=True,
-            seq_len_q=self.seq_q, seq_len_kv=self.seq_kv, name="attention_fp8")
-        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(e4m3)
+            generate_stats=False, attn_scale=1.0 / math.sqrt(q8.shape[-1]), name="attention_fp8", **mask)
+        o_type = e4m3 if out.dtype == FP8 else cudnn.data_type.BFLOAT16
+        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(o_type)
         for a in (amax_s, amax_o):
             a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
-        g.build_plans()
-        self.graph, self.o, self.amax = g, o, (amax_s, amax_o)
-        dev = q8.device
-        self.workspace = torch.empty(max(1, g.get_workspace_size()), device=dev, dtype=torch.uint8)
-        self.amax_buf = torch.zeros(2, 1, 1, 1, 1, device=dev)
-        self.lens = (torch.full((b, 1, 1, 1), q8.shape[2], device=dev, dtype=torch.int32),
-                     torch.full((b, 1, 1, 1), valid, device=dev, dtype=torch.int32))
+        self.plans: int = g.get_execution_plan_count()
+        if plan is None:
+            g.build_plans()
+        else:
+            g.build_plan_at_index(plan)
+        self.graph, self.o, self.amax, self.plan = g, o, (amax_s, amax_o), plan
+        size = g.get_workspace_size() if plan is None else g.get_workspace_size_plan_at_index(plan)
+        self.workspace = torch.empty(max(1, size), device=dev, dtype=torch.uint8)
+        self.amax_buf = torch.zeros(2, 1, 1, 1, 1, device=dev)  # P's and the output's amax (cuDNN writes them)
         self.p_scales = (torch.full((1, 1, 1, 1), 1 / FP8_MAX, device=dev),
                          torch.full((1, 1, 1, 1), FP8_MAX, device=dev))  # P's descale and scale
 
     def run(self, handle: Any, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scale: torch.Tensor,
             v_scale: torch.Tensor, v_inv: torch.Tensor, out: torch.Tensor) -> None:
+        """Attend on the current stream of `handle` (the caller sets it): q8 descaled by qk_scale[0], k8 by
+        qk_scale[1], v8 by v_scale, the output scaled by v_inv = 1 / v_scale."""
         s = self.s
         pack = {self.t["q"]: q8, self.t["k"]: k8, self.t["v"]: v8, self.o: out,
                 s["dq"]: qk_scale[0:1], s["dk"]: qk_scale[1:2], s["dv"]: v_scale, s["ds"]: self.p_scales[0],
-                s["ss"]: self.p_scales[1], s["so"]: v_inv, self.seq_q: self.lens[0], self.seq_kv: self.lens[1],
-                self.amax[0]: self.amax_buf[0], self.amax[1]: self.amax_buf[1]}
-        self.graph.execute(pack, self.workspace, handle=handle)
+                s["ss"]: self.p_scales[1], s["so"]: v_inv, self.amax[0]: self.amax_buf[0],
+                self.amax[1]: self.amax_buf[1], **self.lens}
+        if self.plan is None:
+            self.graph.execute(pack, self.workspace, handle=handle)
+        else:
+            self.graph.execute_plan_at_index(pack, self.workspace, self.plan, handle=handle)
 
 
 _lock = threading.Lock()
-_graphs: dict[tuple[Any, ...], _Graph] = {}
+_graphs: dict[tuple[Any, ...], CudnnFp8Graph] = {}
 
 
 @atexit.register
@@ -153,11 +169,12 @@ def _release() -> None:
     """Free the graphs and handles before the interpreter tears the binding's module down (else nanobind reports
     every cuDNN object still alive then as a leak)."""
     _graphs.clear()
-    _handle.cache_clear()
+    cudnn_handle.cache_clear()
 
 
 @functools.cache
-def _handle(index: int) -> Any:
+def cudnn_handle(index: int) -> Any:
+    """This process's cuDNN handle for CUDA device `index` (made once)."""
     import cudnn
 
     with torch.cuda.device(index):
@@ -167,7 +184,8 @@ def _handle(index: int) -> Any:
 def attention_cudnn_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, valid: int, qk_scale: torch.Tensor,
                         v_scale: torch.Tensor, out: torch.Tensor, v_inv: torch.Tensor | None = None) -> torch.Tensor:
     """cuDNN's FP8 attention: see the module docstring. k8, v8: the whole cache (B, Hh, S, Dh), S >=
-    `padded_keys(valid)`; keys [valid, padded) are masked. `v_inv` (1,): 1 / v_scale (computed if not given).
+    `padded_keys(valid)`; keys [valid, padded) are masked. `v_inv` (1,): 1 / v_scale, kept beside it by a caller
+    that calls often (`KVCache`: no reciprocal kernel per call); computed here when not given.
     No host syncs; capturable in a CUDA graph once the graph for these shapes is built."""
     import cudnn
 
@@ -178,26 +196,26 @@ def attention_cudnn_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, va
                          f"the cache has {k8.shape[2]} slots; allocate the cache with padded_keys(S) slots")
     k8, v8 = k8[:, :, :padded], v8[:, :, :padded]
     index = q8.device.index if q8.device.index is not None else torch.cuda.current_device()
-    handle = _handle(index)
+    handle = cudnn_handle(index)
     key = (index, valid, *(tuple(x.shape) + x.stride() for x in (q8, k8, v8, out)))
     graph = _graphs.get(key)
     if graph is None:
         with _lock:
-            graph = _graphs.get(key) or _Graph(cudnn, handle, q8, k8, v8, out, valid)
+            graph = _graphs.get(key) or CudnnFp8Graph(cudnn, handle, q8, k8, v8, out, valid)
             _graphs[key] = graph
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q8.device).cuda_stream)
-    graph.run(handle, q8, k8, v8, qk_scale, v_scale.view(1, 1, 1, 1), (1 / v_scale if v_inv is None else v_inv),
-              out)
+    graph.run(handle, q8, k8, v8, qk_scale, v_scale, 1 / v_scale if v_inv is None else v_inv, out)
     return out
 
 
 def attention_fp8_tensor(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, valid: int, qk_scale: torch.Tensor,
-                         v_scale: torch.Tensor, out: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
+                         v_scale: torch.Tensor, out: torch.Tensor, kernel: str = "auto",
+                         v_inv: torch.Tensor | None = None) -> torch.Tensor:
     """Dispatch: "cudnn" (`attention_cudnn_fp8`), "torch" (the reference), "auto" = cuDNN where it runs."""
     if kernel == "auto":
         kernel = "cudnn" if cudnn_fp8_supported(q8.device, q8.shape[-1]) else "torch"
     if kernel == "cudnn":
-        return attention_cudnn_fp8(q8, k8, v8, valid, qk_scale, v_scale, out)
+        return attention_cudnn_fp8(q8, k8, v8, valid, qk_scale, v_scale, out, v_inv)
     if kernel == "torch":
         return attention_fp8_tensor_ref(q8, k8, v8, valid, qk_scale, v_scale, out)
     raise ValueError(f"attention_fp8_tensor: kernel={kernel!r} is not one of 'auto', 'cudnn', 'torch'")

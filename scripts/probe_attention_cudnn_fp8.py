@@ -14,6 +14,8 @@ q (1, Hh, 2992, 128) over S = 14960 keys for Hh = 24 (TP3) and 18 (TP4):
     larger cache (S_max = S + 2992) and, where S is not a multiple of 64, S padded up with a padding mask;
   * every execution plan the heuristics offer (`--all-plans`), else the first that builds.
 
+Each graph is the model's own (`kernels.attention_cudnn_fp8.CudnnFp8Graph`), with its mask and plan options.
+
 Per row: device ms per call (CUDA events around 10 back-to-back calls, median), TFLOP/s (4 B Hh Tq S Dh / t),
 the error against exact float32 attention over the dequantised inputs (the kernel's own error) and against
 bf16 attention over the unquantised inputs (what switching the model to it costs). A variant that fails to
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import statistics
 import sys
 import time
@@ -40,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.attention import attention_ref
+from kernels.attention_cudnn_fp8 import CudnnFp8Graph, cudnn_handle
 from kernels.testing import rel_err
 from scripts.bench_step import env_info
 
@@ -79,67 +81,6 @@ def layout(b: int, hh: int, s_max: int, dh: int, token_major: bool) -> torch.Ten
     return torch.randn(b, hh, s_max, dh, device="cuda", dtype=torch.bfloat16)
 
 
-class CudnnFp8:
-    """One cuDNN FP8 SDPA graph (built once, executed many times) for fixed shapes and strides."""
-
-    def __init__(self, cudnn: Any, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, out: torch.Tensor,
-                 scale: float, kv_len: int | None, plan: int | None) -> None:
-        self.cudnn = cudnn
-        self.handle = cudnn.create_handle()
-        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
-        e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
-        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
-        t = {n: g.tensor(name=n, dim=list(x.shape), stride=list(x.stride()), data_type=e4m3)
-             for n, x in (("q", q8), ("k", k8), ("v", v8))}
-        sc = {n: g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
-              for n in ("dq", "dk", "dv", "ds", "ss", "so")}
-        extra: dict[str, Any] = {}
-        b = q8.shape[0]
-        if kv_len is not None:
-            self.seq = {n: g.tensor(name=n, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
-                        for n in ("seq_q", "seq_kv")}
-            extra = dict(use_padding_mask=True, seq_len_q=self.seq["seq_q"], seq_len_kv=self.seq["seq_kv"])
-        o, _, amax_s, amax_o = g.sdpa_fp8(
-            q=t["q"], k=t["k"], v=t["v"], descale_q=sc["dq"], descale_k=sc["dk"], descale_v=sc["dv"],
-            descale_s=sc["ds"], scale_s=sc["ss"], scale_o=sc["so"], generate_stats=False, attn_scale=scale,
-            name="sdpa_fp8", **extra)
-        o_type = e4m3 if out.dtype == E4M3 else cudnn.data_type.BFLOAT16
-        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(o_type)
-        for a in (amax_s, amax_o):
-            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        self.plans = g.get_execution_plan_count()
-        if plan is None:
-            g.build_plans()
-        else:
-            g.build_plan_at_index(plan)
-        self.plan = plan
-        self.graph, self.t, self.sc, self.o = g, t, sc, o
-        self.amax = torch.zeros(2, 1, 1, 1, 1, device="cuda")
-        self.amax_t = (amax_s, amax_o)
-        size = g.get_workspace_size() if plan is None else g.get_workspace_size_plan_at_index(plan)
-        self.workspace = torch.empty(max(1, size), device="cuda", dtype=torch.uint8)
-        self.kv_len = kv_len
-
-    def bind(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: dict[str, torch.Tensor],
-             out: torch.Tensor) -> Callable[[], None]:
-        pack: dict[Any, torch.Tensor] = {self.t["q"]: q8, self.t["k"]: k8, self.t["v"]: v8, self.o: out,
-                                         self.amax_t[0]: self.amax[0], self.amax_t[1]: self.amax[1]}
-        pack.update({self.sc[n]: scales[n] for n in self.sc})
-        if self.kv_len is not None:
-            b = q8.shape[0]
-            pack[self.seq["seq_q"]] = torch.full((b, 1, 1, 1), q8.shape[2], device="cuda", dtype=torch.int32)
-            pack[self.seq["seq_kv"]] = torch.full((b, 1, 1, 1), self.kv_len, device="cuda", dtype=torch.int32)
-        g, ws, h = self.graph, self.workspace, self.handle
-        if self.plan is None:
-            return lambda: g.execute(pack, ws, handle=h)
-        plan = self.plan
-        return lambda: g.execute_plan_at_index(pack, ws, plan, handle=h)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=2992)
@@ -154,7 +95,8 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     tq, s, dh, b = args.tokens, args.context, args.head_dim, 1
-    scale = 1.0 / math.sqrt(dh)
+    handle = cudnn_handle(torch.cuda.current_device())
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
     rows: list[dict[str, Any]] = []
     for hh in (int(x) for x in args.heads.split(",")):
         flops = 4 * b * hh * tq * s * dh
@@ -174,8 +116,7 @@ def main() -> None:
             v8, dv = quantize(v_full)
             k8, v8 = k8[:, :, :s], v8[:, :, :s]
             deq = attention_ref(q8.float() * dq, k8.float() * dk, v8.float() * dv).float()
-            scales = {"dq": dq, "dk": dk, "dv": dv, "ds": torch.full_like(dq, 1 / FP8_MAX),
-                      "ss": torch.full_like(dq, FP8_MAX), "so": 1 / dv}
+            qk_scale, v_scale = torch.cat([dq.reshape(1), dk.reshape(1)]), dv.reshape(1)
             pads: list[int | None] = [None] if s % 64 == 0 else [None, -(-s // 64) * 64]
             for out_dtype in (E4M3, torch.bfloat16):
                 for padded in pads:
@@ -188,7 +129,7 @@ def main() -> None:
                         f" S->{padded}+mask" if padded else "")
                     plans: list[int | None] = [None]
                     try:
-                        first = CudnnFp8(cudnn, q8, kk, vv, out, scale, s if padded else None, None)
+                        first = CudnnFp8Graph(cudnn, handle, q8, kk, vv, out, s if padded else None)
                         if args.all_plans:
                             plans = list(range(first.plans))
                     except Exception as e:  # noqa: BLE001 - a configuration the engine rejects is a result
@@ -196,9 +137,9 @@ def main() -> None:
                         continue
                     for plan in plans:
                         try:
-                            g = first if plan is None else CudnnFp8(cudnn, q8, kk, vv, out, scale,
-                                                                     s if padded else None, plan)
-                            fn = g.bind(q8, kk, vv, scales, out)
+                            g = first if plan is None else CudnnFp8Graph(cudnn, handle, q8, kk, vv, out,
+                                                                         s if padded else None, plan)
+                            fn = functools.partial(g.run, handle, q8, kk, vv, qk_scale, v_scale, 1 / v_scale, out)
                             fn()
                             torch.cuda.synchronize()
                             got = out.float() * (dv if out_dtype == E4M3 else 1.0)
@@ -206,7 +147,7 @@ def main() -> None:
                             rows.append({**base, "kernel": name + ("" if plan is None else f" plan {plan}"),
                                          "ms": ms, "tflops": flops / ms / 1e9,
                                          "rel_err_vs_exact": rel_err(got, deq), "rel_err_vs_bf16": rel_err(got, exact),
-                                         "amax_s": g.amax[0].item(), "amax_o": g.amax[1].item(),
+                                         "amax_s": g.amax_buf[0].item(), "amax_o": g.amax_buf[1].item(),
                                          "plans": first.plans})
                         except Exception as e:  # noqa: BLE001
                             rows.append({**base, "kernel": name + ("" if plan is None else f" plan {plan}"),

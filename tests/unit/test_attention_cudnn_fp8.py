@@ -88,10 +88,12 @@ def test_kernel_choice_and_the_cudnn_cache_form() -> None:
     assert cache.k.shape == cache.v.shape == (4, 1, 4, s, 48) and cache.v.dtype == FP8 and s % 64 == 0
     assert cache.v_scale.shape == (4, 1) and not cache.v_scale.any()  # unset until the first write
     cache.v_scale.fill_(2.0)
+    cache.v_inv.fill_(0.5)
     cache.v_scale_set = [True] * 4
     cache.k.view(torch.uint8).fill_(1)
     cache.reset()
-    assert not cache.v_scale.any() and not cache.k.view(torch.uint8).any() and not any(cache.v_scale_set)
+    assert not cache.v_scale.any() and not cache.v_inv.any() and not cache.k.view(torch.uint8).any()
+    assert not any(cache.v_scale_set)
 
 
 def test_v_scale_comes_from_the_sink_and_holds_for_the_session() -> None:
@@ -108,8 +110,10 @@ def test_v_scale_comes_from_the_sink_and_holds_for_the_session() -> None:
     runner.start(torch.randn(1, cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(0)))
     first = runner.cache.v_scale.clone()
     assert (first > 0).all() and all(runner.cache.v_scale_set)
+    torch.testing.assert_close(runner.cache.v_inv, 1 / first)  # the output's scale, kept beside it
     for _ in range(2):
         runner.step(torch.zeros(runner.frontend.expected_samples).numpy())
     assert torch.equal(runner.cache.v_scale, first)
     runner.start(10 * torch.randn(1, cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(1)))
     assert not torch.equal(runner.cache.v_scale, first)
+    torch.testing.assert_close(runner.cache.v_inv, 1 / runner.cache.v_scale)
