@@ -20,6 +20,7 @@ from characters.config import ModelConfig
 from characters.kv_cache import KVCache
 from characters.tp import ParallelLinear, TokenShards
 from kernels._triton import HAS_TRITON
+from kernels.cross_attention_fp8 import cross_attention_fp8
 from kernels.fp8 import Fp8Act, quantize_rows_ref
 from kernels.qkv_prep import rms_norm_ref, rope_ref
 from kernels.row_quant import row_quant
@@ -60,6 +61,13 @@ def _add_modulate(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: 
     return x, _modulate(x, shift, scale, eps)
 
 
+def _gated_add_modulate(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                        scale: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's closing gated residual, then the next block's adaLN of the sum: (new x, modulated)."""
+    x = x + gate * y
+    return x, _modulate(x, shift, scale, eps)
+
+
 def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-head RMSNorm in float32, returned in x's dtype. (..., Dh)"""
     return rms_norm_ref(x, weight, eps)
@@ -93,6 +101,12 @@ def _add_modulate_fp8(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, sca
     return (x, *_q(h))
 
 
+def _gated_add_modulate_fp8(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                            scale: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, h = _gated_add_modulate(x, y, gate, shift, scale, eps)
+    return (x, *_q(h))
+
+
 def _gelu_fp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _q(_gelu(y))
 
@@ -118,6 +132,14 @@ def _rows_add_modulate(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, sc
     return new, q, s
 
 
+def _rows_gated_add_modulate(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                             scale: torch.Tensor, eps: float
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    new, q, s = row_quant("gated_add_modulate", x, y=y, gate=gate, shift=shift, scale=scale, eps=eps)
+    assert new is not None
+    return new, q, s
+
+
 def _rows_gelu(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _, q, s = row_quant("gelu", y)
     return q, s
@@ -132,9 +154,10 @@ class ElementwiseOps:
     compiled quantisation pass of its own (`quant`): written as one compiled function with its norms and
     softmax over the A audio keys it took 14 ms per 57b TP3 chunk against ~1 ms for the pass (docs/fp8.md).
 
-    `row_kernels` (fused FP8 only; default: when Triton is installed): the four steps whose reductions span a
-    whole row (the LayerNorms with their quantisation, and the GELU's) run as `kernels.row_quant`'s single-pass
-    Triton kernels instead of Inductor's looped reductions, which read each row more than once."""
+    `row_kernels` (fused FP8 only; default: when Triton is installed): the steps whose reductions span a whole
+    row (the LayerNorms with their quantisation, and the GELU's) run as `kernels.row_quant`'s Triton kernels
+    instead of Inductor's looped reductions, which read each row more than once, and the audio cross-attention
+    from its projections to the o projection's e4m3 input as `kernels.cross_attention_fp8`'s kernels."""
 
     def __init__(self, fused: bool = False, fp8: bool = False, row_kernels: bool | None = None) -> None:
         self.fused, self.fp8 = fused, fp8
@@ -147,16 +170,19 @@ class ElementwiseOps:
             self._modulate = wrap(_modulate)
             self._gated_add_norm = wrap(_gated_add_norm)
             self._add_modulate = wrap(_add_modulate)
+            self._gated_add_modulate = wrap(_gated_add_modulate)
             self._gelu: Callable[[torch.Tensor], Any] = _gelu  # one eager kernel already
         else:
             self._modulate = wrap(_modulate_fp8)
             self._gated_add_norm = wrap(_gated_add_norm_fp8)
             self._add_modulate = wrap(_add_modulate_fp8)
+            self._gated_add_modulate = wrap(_gated_add_modulate_fp8)
             self._gelu = wrap(_gelu_fp8)
             self._quant = wrap(_q)
         if self.row_kernels:
             self._modulate, self._gated_add_norm = _rows_modulate, _rows_gated_add_norm
             self._add_modulate, self._gelu = _rows_add_modulate, _rows_gelu
+            self._gated_add_modulate = _rows_gated_add_modulate
 
     def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor | Fp8Act:
         out = self._modulate(x, shift, scale, eps)
@@ -170,6 +196,11 @@ class ElementwiseOps:
     def add_modulate(self, x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor | Fp8Act]:
         out = self._add_modulate(x, y, shift, scale, eps)
+        return (out[0], Fp8Act(out[1], out[2])) if self.fp8 else out
+
+    def gated_add_modulate(self, x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                           scale: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor | Fp8Act]:
+        out = self._gated_add_modulate(x, y, gate, shift, scale, eps)
         return (out[0], Fp8Act(out[1], out[2])) if self.fp8 else out
 
     def gelu(self, y: torch.Tensor) -> torch.Tensor | Fp8Act:
@@ -220,6 +251,9 @@ class AudioCrossAttention(nn.Module):
         b, t = q.shape[:2]
         nf, a = ctx.shape[1], ctx.shape[2]
         hh, dh = self.num_heads, self.head_dim
+        if self.ops.row_kernels:  # FP8 with our Triton kernels: norms, attention and quantisation in one
+            data, scale = cross_attention_fp8(q, self.kv(ctx), self.q_norm, self.k_norm, self.eps, heads=hh)
+            return self.o(Fp8Act(data, scale))  # (B, T, D)
         kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
         q = self.ops.head_norm(q.view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         k = self.ops.head_norm(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
@@ -241,15 +275,22 @@ class Block(nn.Module):
         self.fc2 = ParallelLinear(d.ffn_dim, d.dim, "row")
         self.modulation = nn.Parameter(torch.zeros(1, 1, 6, d.dim))
 
-    def forward(self, x: torch.Tensor, e: torch.Tensor, ctx: torch.Tensor, layer: int,
-                attend: AttendFn) -> torch.Tensor:
-        # x (B, T, D) (sequence parallel: this rank's (B, m, D)); e (B, 1 or T, 6, D); ctx (B, nF, A, Dc)
+    def forward(self, x: torch.Tensor, e: torch.Tensor, ctx: torch.Tensor, layer: int, attend: AttendFn,
+                pending: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, T, D) (sequence parallel: this rank's (B, m, D)); e (B, 1 or T, 6, D); ctx (B, nF, A, Dc).
+        `pending`: the previous block's closing residual (its MLP output, its gate), added here in one pass with
+        this block's first step. Returns x and this block's own pending residual (y, gate): x + gate * y is the
+        block's output (the caller adds it, or hands it to the next block)."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (self.modulation + e).unbind(2)  # each (B, L, D)
         ops, eps = self.ops, self.eps
-        h = ops.modulate(x, shift_a, scale_a, eps)
+        if pending is None:
+            h = ops.modulate(x, shift_a, scale_a, eps)
+        else:
+            x, h = ops.gated_add_modulate(x, *pending, shift_a, scale_a, eps)
         x, h = ops.gated_add_norm(x, self.self_attn(h, layer, attend), gate_a, self.norm3.weight, self.norm3.bias, eps)
         x, h = ops.add_modulate(x, self.cross_attn(h, ctx), shift_m, scale_m, eps)
-        return ops.gated_add(x, self.fc2(ops.gelu(self.fc1(h))), gate_m)
+        return x, (self.fc2(ops.gelu(self.fc1(h))), gate_m)
 
 
 def block_causal_mask(n_sink: int, chunk_tokens: int, chunks: int, ring: int,
@@ -358,12 +399,13 @@ class CausalDiT(nn.Module):
         e0 = self.time_embed(emb).view(b, ln, -1)
         return e0, self.time_proj(e0).view(b, ln, 6, -1)
 
-    def _run(self, patches: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int,
-             attend: AttendFn) -> torch.Tensor:
-        # patches (B, T, C*ph*pw); t (B, 1 or T). Under sequence parallelism the residual stream holds
-        # this rank's m rows of tokens from the embedding to the head; the head's output is gathered.
+    def _run(self, patches: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int, attend: AttendFn,
+             modulation: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        # patches (B, T, C*ph*pw); t (B, 1 or T); `modulation`: `self.modulation(t)` made earlier. Under sequence
+        # parallelism the residual stream holds this rank's m rows of tokens from the embedding to the head; the
+        # head's output is gathered.
         dtype, shards = patches.dtype, self.shards
-        e0, e = self.modulation(t)
+        e0, e = self.modulation(t) if modulation is None else modulation
         e0, e = e0.to(dtype), e.to(dtype)  # (B, L, D), (B, L, 6, D)
         if shards is not None:
             shards.begin(patches.shape[1])
@@ -371,20 +413,28 @@ class CausalDiT(nn.Module):
             if e.shape[1] > 1:  # a timestep per token (forward_sequence)
                 e0, e = shards.split(e0), shards.split(e)
         tokens = self.patch_embed(patches)  # (B, T or m, D)
+        pending = None
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, e, ctx.to(dtype), i, attend)
+            tokens, pending = block(tokens, e, ctx.to(dtype), i, attend, pending)
+        if pending is not None:  # the last block's closing residual
+            last = self.blocks[-1]
+            assert isinstance(last, Block)
+            tokens = last.ops.gated_add(tokens, *pending)
         shift, scale = (self.head_modulation + e0[:, :, None, :]).unbind(2)  # (B, L, D) each
         out = self.head(self.head_norm(tokens) * (1 + scale) + shift)  # (B, T or m, C*ph*pw)
         return self.unpatchify(out if shards is None else shards.gather(out), nf)
 
     # ------------------------------------------------------------------ entry points
     def forward(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                cache: KVCache, offset: int, valid: int) -> torch.Tensor:
+                cache: KVCache, offset: int, valid: int,
+                modulation: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One forward over a chunk (or the reference frame) with the KV cache.
 
         x (B, C, nF, h, w) latents at time t (B,); ctx (B, nF, A, Dc) from `audio_context`;
         rope: (cos, sin) (T, Dh/2). Writes this chunk's K/V at `offset` and attends over
         cache keys [0, valid). Returns the flow-matching velocity (B, C, nF, h, w).
+        `modulation`: `self.modulation(t[:, None])` if the caller keeps it (a function of t and the weights
+        alone: the timestep MLPs read ~1 GB of weights per forward at 57b).
         """
         cos, sin = rope
 
@@ -393,7 +443,7 @@ class CausalDiT(nn.Module):
         def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor | Fp8Act:
             return cache.attend(layer, qkv, qw, kw, cos, sin, offset, valid, fp8_out=fp8)
 
-        return self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend)
+        return self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend, modulation)
 
     def forward_sequence(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -123,6 +123,8 @@ class DiTRunner:
         self.x = torch.empty(1, m.dit.latent_channels, m.generation.latent_frames_per_chunk, h, w,
                              device=self.device, dtype=torch.float32)  # (B, C, Cf, h, w)
         self.times = {s: torch.full((1,), s, device=self.device) for s in [*self.sigmas, 0.0]}
+        # the DiT's timestep modulation per time (`modulation`): made at first use, kept (fixed weights)
+        self._modulations: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
         self.generator = torch.Generator(device=self.device)
         self.chunk = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # valid context length -> captured step
@@ -144,6 +146,15 @@ class DiTRunner:
         w = torch.as_tensor(windows).to(self.device, non_blocking=True)[None]  # (1, Fa, W)
         return self.dit.audio_context(self.audio_encoder(w).to(self.dtype))
 
+    @torch.inference_mode()
+    def modulation(self, t: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The DiT's modulation at time `t` (one of the schedule's), made once: every chunk's forwards at t share
+        it, so the steps (and the captured graphs) skip the timestep MLPs. The weights must not change after."""
+        mod = self._modulations.get(t)
+        if mod is None:
+            mod = self._modulations[t] = self.dit.modulation(self.times[t][:, None])
+        return mod
+
     def reset(self, seed: int | None = None) -> None:
         """Wipe all per-session state: KV cache, audio history, chunk index; reseed the noise
         (`seed`, default the config's)."""
@@ -160,7 +171,7 @@ class DiTRunner:
         ctx = self.audio_context(self.frontend.silence_windows())[:, :1]  # (1, 1, A, Dc)
         ref = ref_latent.to(self.device, self.dtype)[:, :, None]  # (1, C, 1, h, w)
         n = self.cache.sink_tokens
-        self.dit(ref, self.times[0.0], ctx, self.sink_rope, self.cache, 0, n)
+        self.dit(ref, self.times[0.0], ctx, self.sink_rope, self.cache, 0, n, self.modulation(0.0))
 
     @torch.inference_mode()
     def step(self, pcm: np.ndarray, record: list[ForwardRecord] | None = None) -> torch.Tensor:
@@ -213,12 +224,13 @@ class DiTRunner:
         x = self.x  # (1, C, Cf, h, w) noise, filled before the step
         for t, t_next in zip(self.sigmas[:-1], self.sigmas[1:], strict=True):
             x_in = x
-            v = self.dit(x.to(self.dtype), self.times[t], ctx, rope, self.cache, offset, valid)
+            v = self.dit(x.to(self.dtype), self.times[t], ctx, rope, self.cache, offset, valid, self.modulation(t))
             x = x + (t_next - t) * v.float()  # Euler step of dx/dt = v
         if g.cache_update == "extra_pass":  # timed as "cache_write" when recording (never inside a capture)
             mark = self.recorder.begin("cache_write") if self.recorder is not None else None
             x_in, t = x, 0.0
-            v = self.dit(x.to(self.dtype), self.times[0.0], ctx, rope, self.cache, offset, valid)
+            v = self.dit(x.to(self.dtype), self.times[0.0], ctx, rope, self.cache, offset, valid,
+                         self.modulation(0.0))
             if mark is not None and self.recorder is not None:
                 self.recorder.end(mark)
         if record is not None:

@@ -13,6 +13,7 @@ from kernels.attention import (
 )
 from kernels.attention_cudnn_fp8 import attention_cudnn_fp8, attention_fp8_tensor, attention_fp8_tensor_ref
 from kernels.attention_fp8 import attention_fp8, attention_fp8_ref, attention_fp8_triton
+from kernels.cross_attention_fp8 import cross_attention_fp8, cross_attention_fp8_ref, cross_attention_fp8_triton
 from kernels.fp8 import FP8, Fp8Act, fp8_linear, fp8_linear_ref, quantize_rows, quantize_rows_ref, quantize_weight
 from kernels.qkv_prep import QKVPrepBackend, qkv_prep, qkv_prep_ref, qkv_prep_triton, rms_norm_ref, rope_ref
 from kernels.qkv_prep_fp8 import qk_scale_bound, qkv_prep_fp8, qkv_prep_fp8_ref, qkv_prep_fp8_triton
@@ -33,6 +34,9 @@ __all__ = [
     "attention_fp8_triton",
     "attention_ref",
     "available_backends",
+    "cross_attention_fp8",
+    "cross_attention_fp8_ref",
+    "cross_attention_fp8_triton",
     "fp8_linear",
     "fp8_linear_ref",
     "pick_backend",

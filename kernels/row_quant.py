@@ -6,10 +6,12 @@ looped reductions that read each row twice or more (at the 57b TP3 rank, 5.9 ms 
 times the bytes' floor: docs/fp8.md). Here a program holds one whole row in registers: it reads its inputs once
 and writes its outputs once.
 
-    modulate         x            -> q(LN(x) * (1 + scale) + shift)
-    add_modulate     x, y         -> x + y,        q(LN(x + y) * (1 + scale) + shift)
-    gated_add_norm   x, y, gate   -> x + gate * y, q(LN(x + gate * y) * weight + bias)
-    gelu             y            -> q(gelu_tanh(y))
+    modulate            x            -> q(LN(x) * (1 + scale) + shift)
+    add_modulate        x, y         -> x + y,        q(LN(x + y) * (1 + scale) + shift)
+    gated_add_norm      x, y, gate   -> x + gate * y, q(LN(x + gate * y) * weight + bias)
+    gelu                y            -> q(gelu_tanh(y))
+    gated_add_modulate  x, y, gate   -> x + gate * y, q(LN(x + gate * y) * (1 + scale) + shift)
+                        (a block's closing residual and the next block's first step in one pass)
 
 q(h) is (e4m3 values, a float32 scale per row): `quantize_rows_ref(h)`. LN is a LayerNorm without affine (eps
 inside the root). The new residual (x + ...) is stored in x's dtype and the LayerNorm reads it as stored, as the
@@ -24,7 +26,7 @@ Public API:
     row_quant_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
     row_quant          dispatch: the Triton kernel on CUDA (or under the interpreter) when Triton is installed,
                        else the reference
-    MODES              the four steps' names
+    MODES              the steps' names
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ if HAS_TRITON:
 
 __all__ = ["MODES", "Mode", "row_quant", "row_quant_ref", "row_quant_triton"]
 
-Mode = Literal["modulate", "add_modulate", "gated_add_norm", "gelu"]
-MODES: tuple[Mode, ...] = ("modulate", "add_modulate", "gated_add_norm", "gelu")
+Mode = Literal["modulate", "add_modulate", "gated_add_norm", "gelu", "gated_add_modulate"]
+MODES: tuple[Mode, ...] = ("modulate", "add_modulate", "gated_add_norm", "gelu", "gated_add_modulate")
 _CODE = {m: i for i, m in enumerate(MODES)}
 
 
@@ -58,7 +60,8 @@ def _check(mode: str, x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tenso
         raise ValueError(f"row_quant: x must be (B, T, D) with a contiguous last dim, got {tuple(x.shape)} "
                          f"strides {x.stride()}")
     need = {"modulate": ("shift", "scale"), "add_modulate": ("y", "shift", "scale"),
-            "gated_add_norm": ("y", "gate", "weight", "bias"), "gelu": ()}[mode]
+            "gated_add_norm": ("y", "gate", "weight", "bias"), "gelu": (),
+            "gated_add_modulate": ("y", "gate", "shift", "scale")}[mode]
     given = {"y": y, "gate": gate, "shift": shift, "scale": scale, "weight": weight, "bias": bias}
     for name, t in given.items():
         if (t is not None) != (name in need):
@@ -91,7 +94,7 @@ def row_quant_ref(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = None,
         if mode == "add_modulate":
             assert y is not None
             s = s + y.float()
-        elif mode == "gated_add_norm":
+        elif mode in ("gated_add_norm", "gated_add_modulate"):
             assert y is not None and gate is not None
             s = s + gate.float() * y.float()
         if mode != "modulate":
@@ -124,7 +127,7 @@ def _row_quant_kernel(
     else:
         if MODE == 1:
             x = x + tl.load(y_ptr + b * s_yb + t * s_yt + d, mask=ok, other=0.0).to(tl.float32)
-        if MODE == 2:
+        if MODE == 2 or MODE == 4:
             y = tl.load(y_ptr + b * s_yb + t * s_yt + d, mask=ok, other=0.0).to(tl.float32)
             g = tl.load(gate_ptr + b * s_gb + t * s_gt + d, mask=ok, other=0.0).to(tl.float32)
             x = x + g * y
@@ -152,7 +155,7 @@ def _row_quant_kernel(
 def _warps(mode: str, block: int) -> int:
     """Warps per row, from `scripts/probe_row_quant.py` on an H200 at the 57b rank's rows (9216 and 8192 wide):
     8 for most (4 and 16 within ~10%), 4 for gated_add_norm (33 us against 41 with 8), 4 below 8192 lanes."""
-    return 4 if mode == "gated_add_norm" or block < 8192 else 8
+    return 4 if mode in ("gated_add_norm", "gated_add_modulate") or block < 8192 else 8
 
 
 def _row_strides(t: torch.Tensor | None, n: int) -> tuple[int, int]:
@@ -172,8 +175,7 @@ def row_quant_triton(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = No
     _check(mode, x, y, gate, shift, scale, weight, bias)
     check_triton_mode("row_quant_triton")
     b, n, d = x.shape
-    new = torch.empty(b, n, d, device=x.device, dtype=x.dtype) if mode in ("add_modulate", "gated_add_norm") \
-        else None
+    new = torch.empty(b, n, d, device=x.device, dtype=x.dtype) if mode not in ("modulate", "gelu") else None
     q = torch.empty(b, n, d, device=x.device, dtype=FP8)
     s = torch.empty(b, n, 1, device=x.device, dtype=torch.float32)
     block = next_power_of_2(d)

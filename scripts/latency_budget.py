@@ -95,10 +95,11 @@ def main() -> None:
          "benchmarks/h200/step_57b_tp4_fp8.json (sp:fp8:bf16)"),
         ("3 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:bf16"),
          "benchmarks/h200/step_57b_tp3_fp8.json (sp:fp8:bf16)"),
-        ("4 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp4_fp8.json", "sp:fp8:fp8-cudnn"),
-         "benchmarks/h200/step_57b_tp4_fp8.json (sp:fp8:fp8-cudnn)"),
-        ("3 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:fp8-cudnn"),
-         "benchmarks/h200/step_57b_tp3_fp8.json (sp:fp8:fp8-cudnn)"),
+        ("4 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp4_fp8_cudnn.json", "sp:fp8:fp8-cudnn"),
+         "benchmarks/h200/step_57b_tp4_fp8_cudnn.json (sp:fp8:fp8-cudnn)"),
+        ("3 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp3_fp8_cudnn.json", "sp:fp8:fp8-cudnn"),
+         "benchmarks/h200/step_57b_tp3_fp8_cudnn.json (sp:fp8:fp8-cudnn; the same code's runs and the code "
+         "before: step_57b_tp3_ab.json)"),
     ]
     host_in = (cpu["agent_to_room_s"]["p50"] + cpu["boundary_s"]["p50"]) * 1e3
     network = cpu["network_s"]["p50"] * 1e3

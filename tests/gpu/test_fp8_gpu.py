@@ -95,9 +95,13 @@ def test_compiled_quantising_steps_match_plain(rows: bool) -> None:
     (xa, ha), (xb, hb) = (ops.add_modulate(x, r, mod[:, :, 3], mod[:, :, 4], 1e-6) for ops in (fused, plain))
     torch.testing.assert_close(xa, xb, rtol=1.6e-2, atol=1e-2)
     assert rel_err(dequantize_rows(ha), dequantize_rows(hb)) < 2e-2
+    (xa, ha), (xb, hb) = (ops.gated_add_modulate(x, r, mod[:, :, 5], mod[:, :, 0], mod[:, :, 1], 1e-6)
+                          for ops in (fused, plain))
+    torch.testing.assert_close(xa, xb, rtol=1.6e-2, atol=1e-2)
+    assert rel_err(dequantize_rows(ha), dequantize_rows(hb)) < 2e-2
 
 
-@pytest.mark.parametrize("mode", ["modulate", "add_modulate", "gated_add_norm", "gelu"])
+@pytest.mark.parametrize("mode", ["modulate", "add_modulate", "gated_add_norm", "gelu", "gated_add_modulate"])
 @pytest.mark.parametrize(("t", "d", "per_token"), [(998, 9216, False), (2992, 8192, False), (187, 192, True)])
 def test_row_quant_kernel_matches_reference(mode: str, t: int, d: int, per_token: bool) -> None:
     """`kernels.row_quant` at the 57b TP3 rank's shapes (998 rows of 9216; the GELU over 2992 x 8192) and tiny's:
@@ -111,13 +115,32 @@ def test_row_quant_kernel_matches_reference(mode: str, t: int, d: int, per_token
     w, b = torch.randn(d, device="cuda", generator=g), torch.randn(d, device="cuda", generator=g)
     kw = {"modulate": {"shift": mod[:, :, 0], "scale": mod[:, :, 1]},
           "add_modulate": {"y": y, "shift": mod[:, :, 0], "scale": mod[:, :, 1]},
-          "gated_add_norm": {"y": y, "gate": mod[:, :, 2], "weight": w, "bias": b}, "gelu": {}}[mode]
+          "gated_add_norm": {"y": y, "gate": mod[:, :, 2], "weight": w, "bias": b}, "gelu": {},
+          "gated_add_modulate": {"y": y, "gate": mod[:, :, 5], "shift": mod[:, :, 0], "scale": mod[:, :, 1]}}[mode]
     ref, got = row_quant_ref(mode, x, **kw), row_quant_triton(mode, x, **kw)  # type: ignore[arg-type]
     if ref[0] is not None:
         assert got[0] is not None and torch.equal(got[0], ref[0])
     torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=0)
     assert (got[1].float() != ref[1].float()).float().mean() < 1e-3
     assert rel_err(dequantize_rows(Fp8Act(*got[1:])), dequantize_rows(Fp8Act(*ref[1:]))) < 1e-3
+
+
+@pytest.mark.parametrize(("b", "nf", "n", "a", "hh", "dh"), [(1, 1, 2992, 8, 24, 128), (1, 1, 2992, 8, 18, 128),
+                                                         (1, 3, 187, 8, 4, 48), (2, 2, 70, 5, 3, 64)])
+def test_cross_attention_fp8_kernel_matches_reference(b: int, nf: int, n: int, a: int, hh: int, dh: int) -> None:
+    """`kernels.cross_attention_fp8` at the 57b TP3/TP4 rank's shapes and tiny's: scales exact (the frame's max|v|),
+    values to the GEMMs' tf32 rounding (a code moves by one step at a rounding boundary)."""
+    from kernels.cross_attention_fp8 import cross_attention_fp8_ref, cross_attention_fp8_triton
+
+    g = torch.Generator(device="cuda").manual_seed(n + hh)
+    q = torch.randn(b, nf * n, hh * dh, device="cuda", generator=g, dtype=torch.bfloat16)
+    kv = torch.randn(b, nf, a, 2 * hh * dh, device="cuda", generator=g, dtype=torch.bfloat16)
+    qw, kw = (1 + 0.1 * torch.randn(dh, device="cuda", generator=g) for _ in "qk")
+    ref, got = (f(q, kv, qw, kw, 1e-6, heads=hh) for f in (cross_attention_fp8_ref, cross_attention_fp8_triton))
+    assert got[0].shape == ref[0].shape and got[1].shape == (b, nf * n, 1)
+    assert torch.equal(got[1], ref[1])
+    assert (got[0].view(torch.uint8) != ref[0].view(torch.uint8)).float().mean() < 2e-2
+    assert rel_err(dequantize_rows(Fp8Act(*got)), dequantize_rows(Fp8Act(*ref))) < 1e-2
 
 
 def _fp8_cache(b: int, hh: int, s: int, dh: int) -> tuple[torch.Tensor, ...]:

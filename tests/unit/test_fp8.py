@@ -13,9 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from characters.config import check_tensor_parallel, model_preset, session_config
+from characters.dit import ElementwiseOps
 from characters.engine import DiTRunner
 from characters.kv_cache import KVCache
 from characters.process_group import free_port, join, leave
@@ -31,6 +33,7 @@ from kernels.fp8 import (
     quantize_rows_ref,
     quantize_weight,
 )
+from kernels.qkv_prep import rms_norm_ref
 from kernels.testing import rel_err
 
 E4M3_REL = 2.0**-4  # half of e4m3's mantissa step: the largest relative rounding error of a normal value
@@ -161,6 +164,38 @@ def test_fp8_model_differs_from_the_reference_by_quantisation_only() -> None:
     assert fp8.dit.blocks[0].cross_attn.kv.weight.dtype == torch.float32  # type: ignore[union-attr]
     errs = [rel_err(b, a) for a, b in zip(base, _session(fp8, 3), strict=True)]
     assert all(1e-3 < e < 0.1 for e in errs), errs  # quantised (not the reference itself), and close to it
+
+
+def test_fp8_cross_attention_kernel_path_is_the_steps_path() -> None:
+    """With our Triton kernels on (`ElementwiseOps.row_kernels`), an FP8 block's audio cross-attention runs as
+    `kernels.cross_attention_fp8` (its reference on a CPU) from the q and kv projections to the o projection's
+    e4m3 input. That input (one scale per frame) and the separate steps' (norms, SDPA, a per-token quantisation
+    pass) are each the float attention output to e4m3 rounding, and the layer's outputs agree."""
+    runner = _runner("fp8", model={"dit": {"num_layers": 1}})
+    cross = runner.dit.blocks[0].cross_attn  # type: ignore[union-attr]
+    m = runner.cfg.model
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 2 * m.tokens_per_frame, m.dit.dim, generator=g)  # (B, T, D): two latent frames
+    ctx = torch.randn(1, 2, m.audio_tokens_per_latent, m.dit.cross_dim, generator=g)  # (B, nF, A, Dc)
+    acts: list[Fp8Act] = []
+    cross.o.register_forward_pre_hook(lambda _, args: acts.append(args[0]))  # type: ignore[union-attr]
+    outs = []
+    for ops in (ElementwiseOps(False, fp8=True), ElementwiseOps(True, fp8=True, row_kernels=True)):
+        cross.ops = ops
+        with torch.inference_mode():
+            outs.append(cross(x, ctx))
+    with torch.inference_mode():  # the float attention output, per frame
+        hh, dh = cross.num_heads, cross.head_dim  # type: ignore[union-attr]
+        q = cross.q(x).view(2, m.tokens_per_frame, hh, dh)  # type: ignore[operator]
+        kv = cross.kv(ctx).view(2, m.audio_tokens_per_latent, 2, hh, dh)  # type: ignore[operator]
+        eps = m.dit.eps
+        qn, kn = rms_norm_ref(q, cross.q_norm, eps), rms_norm_ref(kv[:, :, 0], cross.k_norm, eps)
+        want = F.scaled_dot_product_attention(qn.transpose(1, 2), kn.transpose(1, 2), kv[:, :, 1].transpose(1, 2))
+        want = want.transpose(1, 2).reshape(1, 2 * m.tokens_per_frame, hh * dh)  # (B, T, Hh*Dh)
+    steps, kernel = (dequantize_rows(a) for a in acts)
+    assert kernel.shape == want.shape and acts[1].scale.shape == (1, 2 * m.tokens_per_frame, 1)
+    assert rel_err(steps, want) < E4M3_REL and rel_err(kernel, want) < E4M3_REL
+    assert rel_err(outs[1], outs[0]) < 2 * E4M3_REL
 
 
 def test_fp8_kv_cache_is_half_the_memory() -> None:

@@ -33,7 +33,9 @@ def _inputs(mode: str, b: int, t: int, d: int, per_token: bool, dtype: torch.dty
     kw: dict[str, Any] = {"modulate": {"shift": mod[:, :, 0], "scale": mod[:, :, 1]},
                           "add_modulate": {"y": y, "shift": mod[:, :, 0], "scale": mod[:, :, 1]},
                           "gated_add_norm": {"y": y, "gate": mod[:, :, 2], "weight": w, "bias": bias},
-                          "gelu": {}}[mode]
+                          "gelu": {},
+                          "gated_add_modulate": {"y": y, "gate": mod[:, :, 5], "shift": mod[:, :, 0],
+                                                 "scale": mod[:, :, 1]}}[mode]
     return x, kw
 
 
@@ -100,6 +102,8 @@ def test_reference_is_the_blocks_fp8_step(mode: str) -> None:
         want = ops.add_modulate(x, kw["y"], kw["shift"], kw["scale"], eps)
     elif mode == "gated_add_norm":
         want = ops.gated_add_norm(x, kw["y"], kw["gate"], kw["weight"], kw["bias"], eps)
+    elif mode == "gated_add_modulate":
+        want = ops.gated_add_modulate(x, kw["y"], kw["gate"], kw["shift"], kw["scale"], eps)
     else:
         want = ops.gelu(x)
     if new is not None:
