@@ -1,7 +1,7 @@
 """The `57b` speech latency budget: agent speech -> heard at the viewer, built from measured stage times.
 
     python scripts/latency_budget.py                       # writes benchmarks/latency_budget_57b.json
-    python scripts/latency_budget.py --cpu-run benchmarks/latency_cpu_ray.json
+    python scripts/latency_budget.py --cpu-run benchmarks/latency_cpu_ray.json   # one CPU run's host-side parts
 
 The same definition as `scripts/bench_latency.py` (the agent's first speech sample -> the first audio of it at
 a plain LiveKit subscriber), with the same chunk path (`deployments.pipeline.graph.run_chunk_loop`: a chunk whose
@@ -9,8 +9,10 @@ audio is queued goes at once; the first speech after idle plays as soon as it re
 `characters.pacing` speech onsets). No `57b` session has run end to end on 4 or 3 DiT GPUs (no machine of that
 size was lent), so each row adds up parts measured apart, p50 each:
 
-- agent -> the room and the wait for a full window of speech: the CPU run's (`--cpu-run`, the embedded default
-  through the real pipeline on 2 cores; a GPU host's free cores only make these shorter);
+- agent -> the room and the wait for a full window of speech: the CPU runs' (`--cpu-run`, the embedded default
+  through the real pipeline on 2 cores, default configuration; a GPU host's free cores only make these shorter):
+  the median over the runs of each run's p50, as the machine's speed moves by the hour (the default: every
+  `latency_cpu_ray_run*.json` and `latency_cpu_ray_dec04*_run*.json` run);
 - the wait for the DiT: the onset chunk queues behind the chunk the DiT is making. The DiT is busy rho = dit /
   chunk of the time, so for speech arriving at a random time the wait is 0 with probability 1 - rho, else
   uniform over (0, dit): its median is dit * (rho - 1/2) / rho (0 when rho <= 1/2);
@@ -26,13 +28,14 @@ size was lent), so each row adds up parts measured apart, p50 each:
   the room, to the sample (the cut takes part of a frame too, so there is no wait for the frame grid);
 - the audio lead (`ServiceConfig.audio_lead_ms`): the audio goes to the LiveKit audio source that long before
   its frame is shown, and its queue plays it then;
-- shown -> heard: the CPU run's (the LiveKit server, the subscriber's jitter buffer; `network_s`).
+- shown -> heard: the CPU runs' (the LiveKit server, the subscriber's jitter buffer; `network_s`), the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,15 +65,19 @@ def fp8_row(path: Path, variant: str) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cpu-run", type=Path, default=ROOT / "benchmarks" / "latency_cpu_ray.json",
-                    help="a scripts/bench_latency.py --generator ray JSON (the host-side parts)")
+    ap.add_argument("--cpu-run", type=Path, nargs="+", default=None,
+                    help="scripts/bench_latency.py --generator ray JSONs (the host-side parts: the median of their "
+                         "p50s; default: the default-configuration runs in benchmarks/)")
     ap.add_argument("--publish", type=Path, default=ROOT / "benchmarks" / "publish_57b_cpu.json",
                     help="a scripts/bench_publish.py --preset 57b JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_budget_57b.json")
     args = ap.parse_args()
     b = ROOT / "benchmarks"
-    cpu_run = load(args.cpu_run)
-    cpu = cpu_run["split"]
+    runs = args.cpu_run or sorted([*b.glob("latency_cpu_ray_run*.json"), *b.glob("latency_cpu_ray_dec04*_run*.json")])
+    cpu_runs = [load(p) for p in runs]
+    cpu_run = cpu_runs[0]
+    host_ins = [(r["split"]["agent_to_room_s"]["p50"] + r["split"]["boundary_s"]["p50"]) * 1e3 for r in cpu_runs]
+    networks = [r["split"]["network_s"]["p50"] * 1e3 for r in cpu_runs]
     pipeline = load(b / "h200x2" / "pipeline_57b_L15_1p1.json")["variants"][0]["sessions"][0]["stage_ms"]
     split = load(b / "h200" / "decoder_57b_first_frame.json")["first_frame"]
     decode, rest = float(split["first_to_host_ms"]), float(split["rest_to_host_ms"])
@@ -78,7 +85,11 @@ def main() -> None:
     service = ServiceConfig()
     onset_slack = float(service.onset_slack_ms or 0.0)
     sources = {
-        "host_parts": str(args.cpu_run.relative_to(ROOT) if args.cpu_run.is_relative_to(ROOT) else args.cpu_run),
+        "host_parts": {"runs": [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in runs],
+                       "agent_to_room_and_window_ms": {"median": statistics.median(host_ins), "min": min(host_ins),
+                                                       "max": max(host_ins)},
+                       "shown_to_heard_ms": {"median": statistics.median(networks), "min": min(networks),
+                                             "max": max(networks)}},
         "decode": "benchmarks/h200/decoder_57b_first_frame.json (first_to_host_ms: the onset's first frame, "
                   f"{decode:.1f} ms; the whole chunk to the host: {float(split['whole_to_host_ms']):.1f} ms)",
         "handoff": "benchmarks/h200x2/pipeline_57b_L15_1p1.json (depth 2)",
@@ -101,8 +112,7 @@ def main() -> None:
          "benchmarks/h200/step_57b_tp3_fp8_cudnn.json (sp:fp8:fp8-cudnn; the same code's runs and the code "
          "before: step_57b_tp3_ab.json)"),
     ]
-    host_in = (cpu["agent_to_room_s"]["p50"] + cpu["boundary_s"]["p50"]) * 1e3
-    network = cpu["network_s"]["p50"] * 1e3
+    host_in, network = statistics.median(host_ins), statistics.median(networks)
     rows = []
     for name, dit, source in topologies:
         parts = {
