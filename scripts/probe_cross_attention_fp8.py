@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,37 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from characters.dit import ElementwiseOps
 from kernels.cross_attention_fp8 import BLOCK_T, NUM_WARPS, cross_attention_fp8_ref, cross_attention_fp8_triton
+from scripts.probe_row_quant import graph_us
 
 SHAPES: list[tuple[int, int, int, int, int, int]] = [(1, 1, 2992, 8, 24, 128), (1, 1, 2992, 8, 18, 128)]
 CONFIGS: list[tuple[int, int]] = list(itertools.product((32, 64, 128), (4, 8)))  # (block_t, num_warps)
 HBM_BYTES_PER_S = 4.8e12
 EPS = 1e-6
-
-
-def graph_us(fn: Callable[[], object], calls: int = 20, reps: int = 10) -> float:
-    """Median us per call over `reps` replays of a CUDA graph of `calls` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and autotune outside the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def todays_path(ops: ElementwiseOps, q: torch.Tensor, kv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor,

@@ -8,14 +8,11 @@ Run alone under the interpreter: TRITON_INTERPRET=1 .venv/bin/python -m pytest t
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreted import run_interpreted
 
 from kernels._triton import HAS_TRITON
 from kernels.cross_attention_fp8 import cross_attention_fp8, cross_attention_fp8_ref, cross_attention_fp8_triton
@@ -93,18 +90,7 @@ def test_reference_matches_float64_attention(b: int, nf: int, n: int, a: int, hh
 
 
 def test_interpreted_suite_in_child_process() -> None:
-    if not HAS_TRITON:
-        pytest.fail("Triton is a dev dependency: install the dev extra")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider",
-           "-k", "interpreted_kernel"]
-    res = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    tail = (res.stdout + res.stderr)[-4000:]
-    assert res.returncode == 0, tail
-    summary = re.search(r"(\d+) passed", res.stdout)
-    assert summary and int(summary.group(1)) == len(CASES) + 1, tail
-    assert not re.search(r"\d+ (failed|skipped|error)", res.stdout), tail
+    run_interpreted(__file__, passed=len(CASES) + 1, k="interpreted_kernel")
 
 
 setattr(test_interpreted_suite_in_child_process, "__test__", not INTERPRETED)  # noqa: B010 (pytest's opt-out)

@@ -5,13 +5,10 @@ before triton's first import: see tests/unit/test_kernels_triton.py, which this 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from kernels._triton import HAS_TRITON, interpreter_enabled, jit_for_current_mode, to_e4m3
 from kernels.attention_fp8 import attention_fp8, attention_fp8_ref, attention_fp8_triton
@@ -38,15 +35,7 @@ ATTN_CASES = [  # (B, Hh, Tq, Dh, S, valid, config)
 
 
 def test_interpreted_suite_in_child_process() -> None:
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider"]
-    res = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    tail = (res.stdout + res.stderr)[-4000:]
-    assert res.returncode == 0, tail
-    summary = re.search(r"(\d+) passed", res.stdout)
-    assert summary and int(summary.group(1)) >= 2 * len(QKV_CASES) + len(ATTN_CASES) + 4, tail
-    assert not re.search(r"\d+ (failed|skipped|error)", res.stdout), tail
+    run_interpreted(__file__, passed=2 * len(QKV_CASES) + len(ATTN_CASES) + 4, at_least=True)
 
 
 setattr(test_interpreted_suite_in_child_process, "__test__", not INTERPRETED)  # noqa: B010 (pytest's opt-out)

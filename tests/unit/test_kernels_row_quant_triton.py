@@ -5,14 +5,11 @@ before triton's first import, as in tests/unit/test_kernels_fp8_triton.py). On t
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from characters.dit import ElementwiseOps
 from kernels._triton import HAS_TRITON
@@ -40,18 +37,7 @@ def _inputs(mode: str, b: int, t: int, d: int, per_token: bool, dtype: torch.dty
 
 
 def test_interpreted_suite_in_child_process() -> None:
-    if not HAS_TRITON:
-        pytest.fail("Triton is a dev dependency: install the dev extra")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider",
-           "-k", "interpreted_kernel"]
-    res = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    tail = (res.stdout + res.stderr)[-4000:]
-    assert res.returncode == 0, tail
-    summary = re.search(r"(\d+) passed", res.stdout)
-    assert summary and int(summary.group(1)) == 2 * len(MODES) * len(CASES), tail
-    assert not re.search(r"\d+ (failed|skipped|error)", res.stdout), tail
+    run_interpreted(__file__, passed=2 * len(MODES) * len(CASES), k="interpreted_kernel")
 
 
 setattr(test_interpreted_suite_in_child_process, "__test__", not INTERPRETED)  # noqa: B010 (pytest's opt-out)

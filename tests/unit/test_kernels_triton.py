@@ -16,16 +16,13 @@ would leak into every later test (and into a GPU run's Triton kernels, and into 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from kernels import qkv_prep, qkv_prep_ref, qkv_prep_triton
 from kernels._triton import interpreter_enabled
@@ -46,15 +43,7 @@ REL_TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}  # ||
 
 
 def test_interpreted_suite_in_child_process() -> None:
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider"]
-    res = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    tail = (res.stdout + res.stderr)[-4000:]
-    assert res.returncode == 0, tail
-    summary = re.search(r"(\d+) passed", res.stdout)
-    assert summary and int(summary.group(1)) >= len(CASES) + len(NORM_CASES), tail
-    assert not re.search(r"\d+ (failed|skipped|error)", res.stdout), tail
+    run_interpreted(__file__, passed=len(CASES) + len(NORM_CASES), at_least=True)
 
 
 setattr(test_interpreted_suite_in_child_process, "__test__", not INTERPRETED)  # noqa: B010 (pytest's opt-out)
