@@ -75,7 +75,6 @@ def main() -> None:
     b = ROOT / "benchmarks"
     runs = args.cpu_run or sorted([*b.glob("latency_cpu_ray_run*.json"), *b.glob("latency_cpu_ray_dec04*_run*.json")])
     cpu_runs = [load(p) for p in runs]
-    cpu_run = cpu_runs[0]
     host_ins = [(r["split"]["agent_to_room_s"]["p50"] + r["split"]["boundary_s"]["p50"]) * 1e3 for r in cpu_runs]
     networks = [r["split"]["network_s"]["p50"] * 1e3 for r in cpu_runs]
     pipeline = load(b / "h200x2" / "pipeline_57b_L15_1p1.json")["variants"][0]["sessions"][0]["stage_ms"]
@@ -84,6 +83,11 @@ def main() -> None:
     publish = load(args.publish)
     service = ServiceConfig()
     onset_slack = float(service.onset_slack_ms or 0.0)
+    for path, run in zip(runs, cpu_runs, strict=True):  # host parts measured with the budget's own settings only
+        if (run.get("onset_slack_ms"), run.get("audio_lead_ms")) != (onset_slack, float(service.audio_lead_ms)):
+            raise ValueError(f"{path}: ran with onset_slack_ms={run.get('onset_slack_ms')}, audio_lead_ms="
+                             f"{run.get('audio_lead_ms')}; the budget takes ServiceConfig's ({onset_slack:g}, "
+                             f"{service.audio_lead_ms:g}): give runs made with those (--cpu-run)")
     sources = {
         "host_parts": {"runs": [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in runs],
                        "agent_to_room_and_window_ms": {"median": statistics.median(host_ins), "min": min(host_ins),
@@ -95,9 +99,8 @@ def main() -> None:
         "handoff": "benchmarks/h200x2/pipeline_57b_L15_1p1.json (depth 2)",
         "publish": f"{args.publish.relative_to(ROOT) if args.publish.is_relative_to(ROOT) else args.publish} "
                    "(onset chunks)",
-        "onset_slack, audio_lead": f"ServiceConfig defaults ({onset_slack:g} ms, {service.audio_lead_ms:g} ms); "
-                                   f"the CPU run's: {cpu_run.get('onset_slack_ms')} ms, "
-                                   f"{cpu_run.get('audio_lead_ms', 40.0)} ms",
+        "onset_slack, audio_lead": f"ServiceConfig defaults ({onset_slack:g} ms, {service.audio_lead_ms:g} ms), "
+                                   "as every CPU run's",
     }
     topologies = [
         ("4 + 1, bf16", float(load(b / "h200" / "step_57b_h100x5_rank.json")["modes"]["write_time"]["ms_p50"]),
