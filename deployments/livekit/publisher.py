@@ -6,6 +6,13 @@ playout's next due time (or a new chunk), hands video frames to the `VideoSource
 simulcast, one layer at `fps`) and 10 ms audio frames to the `AudioSource` (16 kHz mono), and passes
 segment events to `on_event`. The A/V offset it reports is measured: the audio source's queue at
 each push is passed to the playout.
+
+The poster. Until a video source has a frame, the rtc library sends black keepalive frames (10 fps), so a
+viewer would see black from the track's publication to the first chunk. Given a `poster` (the character's
+reference image, which its first generated frames resemble), `start` captures it before publishing (which
+ends the keepalive) and then every `POSTER_INTERVAL_S` until the playout's first frame (a viewer who subscribes
+meanwhile needs a frame to come after its subscription): the viewer sees the character from the track's first
+frame.
 """
 
 from __future__ import annotations
@@ -29,6 +36,13 @@ AUDIO_QUEUE_MS = 400  # the audio source's queue: the playout keeps ~audio_lead_
 # library, and at 10 ms a 24 fps character's room took 0.25-0.27 cores against 0.18-0.20 (measured on a 2-core EPYC,
 # no subscriber); the source's queue still holds ~audio_lead_s.
 AUDIO_FRAME_MS = 20
+POSTER_INTERVAL_S = 0.1  # the poster's rate until the first chunk (the rtc library's black keepalive's: 10 fps)
+
+
+def check_poster(poster: np.ndarray | None, media: MediaFormat) -> None:
+    if poster is not None and (poster.shape != (media.height, media.width, 3) or poster.dtype != np.uint8):
+        raise ValueError(f"the poster is {poster.shape} {poster.dtype}, the video track takes "
+                         f"({media.height}, {media.width}, 3) uint8 (the preset's resolution)")
 
 
 class MediaPublisher:
@@ -36,8 +50,10 @@ class MediaPublisher:
 
     def __init__(self, room: rtc.Room, media: MediaFormat, pacing: PacingConfig | None = None, *,
                  on_event: Callable[[SegmentEvent], None] = lambda e: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, poster: np.ndarray | None = None) -> None:
         self.room, self.media, self.on_event, self.clock = room, media, on_event, clock
+        check_poster(poster, media)
+        self.poster = None if poster is None else np.ascontiguousarray(poster).tobytes()
         self.pacing = pacing or PacingConfig(fps=media.fps, frames_per_chunk=media.frames_per_chunk,
                                              audio_frame_ms=AUDIO_FRAME_MS,
                                              sample_rate=media.sample_rate)
@@ -52,21 +68,36 @@ class MediaPublisher:
         self.audio_publication: rtc.LocalTrackPublication | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._poster_task: asyncio.Task[None] | None = None
+        self._playing = False  # the playout has captured a frame: the poster is done
 
     async def start(self) -> None:
         m = self.media
         self.video_source = rtc.VideoSource(m.width, m.height)
+        self._show_poster()  # before the track exists: no black keepalive frame reaches the encoder
         self.audio_source = rtc.AudioSource(m.sample_rate, 1, queue_size_ms=AUDIO_QUEUE_MS)
         lp = self.room.local_participant
         video = rtc.LocalVideoTrack.create_video_track("character-video", self.video_source)
         self.video_publication = await lp.publish_track(video, rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_CAMERA, simulcast=False,
             video_encoding=rtc.VideoEncoding(max_framerate=m.fps, max_bitrate=m.max_bitrate)))
+        if self.poster is not None:
+            self._poster_task = asyncio.create_task(self._show_poster_until_playing(), name="livekit-poster")
         audio = rtc.LocalAudioTrack.create_audio_track("character-audio", self.audio_source)
         self.audio_publication = await lp.publish_track(audio, rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_MICROPHONE))
         self._task = asyncio.create_task(self._run(), name="livekit-playout")
         self._task.add_done_callback(self._done)
+
+    def _show_poster(self) -> None:
+        if self.poster is not None and self.video_source is not None and not self._playing:
+            self.video_source.capture_frame(rtc.VideoFrame(self.media.width, self.media.height,
+                                                           rtc.VideoBufferType.RGB24, self.poster))
+
+    async def _show_poster_until_playing(self) -> None:
+        while not self._playing and self.video_source is not None:
+            self._show_poster()
+            await asyncio.sleep(POSTER_INTERVAL_S)
 
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
              submitted_at: float | None = None, onset: bool = False, early_s: float = 0.0,
@@ -104,10 +135,12 @@ class MediaPublisher:
             log.error("the playout task failed: %r; the character's media stopped", task.exception())
 
     async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
+        self._playing = True  # no poster after the close
+        tasks = [t for t in (self._poster_task, self._task) if t is not None]
+        self._poster_task = self._task = None
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for source in (self.audio_source, self.video_source):
             if source is not None:
                 await source.aclose()
@@ -127,6 +160,7 @@ class MediaPublisher:
                 continue
             for item in self.playout.poll(audio_queue_s=audio.queued_duration):
                 if isinstance(item, VideoOut):
+                    self._playing = True
                     video.capture_frame(rtc.VideoFrame(w, h, rtc.VideoBufferType.RGB24,
                                                        np.ascontiguousarray(item.frame).tobytes()))
                 elif isinstance(item, AudioOut):

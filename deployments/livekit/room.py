@@ -72,7 +72,7 @@ from deployments.livekit.protocol import (
     redact_livekit_logs,
     stream_format,
 )
-from deployments.livekit.publisher import MediaPublisher
+from deployments.livekit.publisher import MediaPublisher, check_poster
 
 log = logging.getLogger(__name__)
 redact_livekit_logs()
@@ -113,8 +113,10 @@ class LiveKitRoom:
     def __init__(self, output: LiveKitOutput, media: MediaFormat, handler: AgentAudioHandler | None = None, *,
                  pacing: PacingConfig | None = None, max_duration_s: float | None = None,
                  connect_timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
-                 on_playback: Callable[[SegmentEvent], None] | None = None) -> None:
+                 on_playback: Callable[[SegmentEvent], None] | None = None, poster: np.ndarray | None = None) -> None:
         self.output, self.media, self.handler, self.on_playback = output, media, handler, on_playback
+        check_poster(poster, media)
+        self.poster = poster  # the video track's first frame (`MediaPublisher`)
         self.max_duration_s, self.connect_timeout_s, self.clock = max_duration_s, connect_timeout_s, clock
         self.pacing = pacing
         self.room: rtc.Room | None = None
@@ -156,7 +158,7 @@ class LiveKitRoom:
             room.local_participant.register_rpc_method(RPC_CLEAR_BUFFER, self._on_clear_buffer)  # before publishing:
             # the agent sends no audio (so no clear) before the video track is published
             self.publisher = MediaPublisher(room, self.media, self.pacing, on_event=self._on_segment_event,
-                                            clock=self.clock)
+                                            clock=self.clock, poster=self.poster)
             await self.publisher.start()
         except (rtc.ConnectError, PublishTrackError, TimeoutError, RuntimeError) as e:
             await self.aclose()

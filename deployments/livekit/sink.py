@@ -56,8 +56,9 @@ class LiveKitSink:
                  pacing: PacingConfig | None = None, max_duration_s: float | None = None,
                  start_timeout_s: float = 15.0, close_timeout_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic,
-                 on_playback: Callable[[SegmentEvent], None] | None = None) -> None:
+                 on_playback: Callable[[SegmentEvent], None] | None = None, poster: np.ndarray | None = None) -> None:
         self.output, self.media, self.handler, self.on_playback = output, media, handler, on_playback
+        self.poster = poster  # the video track's first frame, until the first chunk (`MediaPublisher`)
         self.pacing, self.max_duration_s, self.clock = pacing, max_duration_s, clock
         self.start_timeout_s, self.close_timeout_s = start_timeout_s, close_timeout_s
         self.room: LiveKitRoom | None = None
@@ -183,7 +184,7 @@ class LiveKitSink:
     async def _start_room(self) -> None:
         room = self.room = LiveKitRoom(self.output, self.media, self.handler, pacing=self.pacing,
                                        max_duration_s=self.max_duration_s, clock=self.clock,
-                                       on_playback=self.on_playback)
+                                       on_playback=self.on_playback, poster=self.poster)
         try:
             await room.start()
         except BaseException:  # a failure or the start timeout's cancellation: leave nothing behind

@@ -178,8 +178,10 @@ class RoomWorker:
         self._first: _First | None = None  # an onset's head `publish_first` published
 
     def open(self, session_id: str, output: OutputSpec | LiveKitOutput, path: str | None = None,
-             session: Any = None, max_duration_s: float | None = None) -> None:
-        """Start publishing for `session_id`: "file" writes an MP4 at `path`, "null" discards."""
+             session: Any = None, max_duration_s: float | None = None, poster: np.ndarray | None = None) -> None:
+        """Start publishing for `session_id`: "file" writes an MP4 at `path`, "null" discards. `poster`: the
+        session's (H, W, 3) uint8 reference image, a LiveKit video track's first frame (no black frames before
+        the first chunk)."""
         self.close()
         m = self.cfg.model
         g = m.generation
@@ -206,7 +208,8 @@ class RoomWorker:
                                                    audio_lead_s=self.audio_lead_s,
                                                    max_catchup_s=min(self.audio_lead_s, PacingConfig.model_fields[
                                                        "max_catchup_s"].default)),  # never over the lead
-                               on_playback=self._playback.append)  # deque.append: safe from another thread
+                               on_playback=self._playback.append,  # deque.append: safe from another thread
+                               poster=poster)
             sink.start()  # RoomError: the session fails to start, with the reason
             self.sink = sink
         else:

@@ -250,7 +250,8 @@ class SessionActor:
         reference = w.decoder.encode_reference.remote(sid, spec.image)
         await asyncio.gather(*(d.start.remote(sid, reference, spec.seed) for d in w.dits),
                              w.decoder.start.remote(sid), w.room.open.remote(sid, spec.output, self.output_path,
-                                               ray.get_runtime_context().current_actor, spec.max_duration_s))
+                                               ray.get_runtime_context().current_actor, spec.max_duration_s,
+                                               spec.image))
         if self._resume is not None and self._resume.primed:
             g, rate = self.cfg.model.generation, self.cfg.model.audio.sample_rate
             await prime(w, sid, prime_windows(self._resume.prime, self._resume.primed, g.frames_per_chunk, rate, g.fps))

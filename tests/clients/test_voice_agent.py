@@ -7,6 +7,9 @@ dispatches the agent into its room, watches and listens:
 - the character joins and publishes video and the agent's speech, and its mouth follows that speech: the
   mouth signal of the received frames (`characters.train.lipsync`) correlates with the received audio's
   envelope at a small lag, far better than with the same audio 2.5 s away (a control from the same run);
+- the video track's first frame is the character (its avatar image, the poster), not the rtc library's black
+  keepalive frames: the agent speaks as soon as the track exists, so those would be on screen at its first
+  word (and, in the measurement's window, a black frame's mouth signal is ~10x a speaking mouth's);
 - the agent's `session.interrupt()` (its RPC `interrupt`, which answers when it called it) silences the
   character within one chunk of the agent's `lk.clear_buffer` reaching it, as heard here: from the agent's
   `session.interrupt()`, one chunk plus the one-way RPC delivery, half the round trip this test's own call to the
@@ -142,13 +145,14 @@ async def line_onset(watcher: Watcher, deadline: float) -> float:
 
 def lipsync(watcher: Watcher, t0: float, t1: float) -> tuple[float, int, float]:
     """r of the mouth signal with the audio envelope at the best lag (-8..8 frames), the lag, and the control:
-    the best r against the envelope 2.5 s later. Both on a 24 Hz grid of the watcher's clock (see Watcher)."""
-    grid = np.arange(t0, t1, 1 / FPS)
+    the best r against the envelope 2.5 s later. Both on a 24 Hz grid of the watcher's clock (see Watcher), from
+    t0 or the first frame received, whichever is later (before it there is no frame to score)."""
     times = Watcher.clock(watcher.frames)
+    grid = np.arange(max(t0, float(times.min())), t1, 1 / FPS)
     order = np.argsort(times)
     frames = np.stack([watcher.frames[i][2] for i in order])
     mouth = mouth_signal(frames, CLIP.identity, reference_image(CLIP.identity))
-    video = mouth[np.clip(np.searchsorted(times[order], grid, side="right") - 1, 0, len(order) - 1)]
+    video = mouth[np.searchsorted(times[order], grid, side="right") - 1]
     ends = Watcher.clock(watcher.audio)
     pcm = [a for _, _, a in watcher.audio]
 
@@ -253,8 +257,10 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
             loud_after = [t for t, level in levels if t_interrupt <= t < t_interrupt + 1.5 and level > SILENT_RMS]
             silent_from = (loud_after[-1] if loud_after else t_interrupt) - t_interrupt
             fps = sum(t_speech <= t < t_speech + RECORD_S for t, _, _ in watcher.frames) / RECORD_S
+            black = sum(not frame.any() for _, _, frame in watcher.frames)
             await watcher.aclose()  # the user leaves: the agent's session closes, END_CALL, the avatar removed
             return {"session": session, "r": r, "lag": lag, "control": control, "answer": answer, "fps": fps,
+                    "black": black, "first_frame_s": float(Watcher.clock(watcher.frames).min()) - t_speech,
                     "speaking": len(loud_before),
                     "silent_after_s": silent_from, "rpc_s": t_answered - t_call,
                     "joined_s": t_joined - t_dispatch}
@@ -266,10 +272,13 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
         status, runway_view = served.request("GET", f"/v1/realtime_sessions/{sid}")
     finally:
         stop_worker(worker, log)
-    print(f"voice agent: character joined {got['joined_s']:.1f} s after dispatch; {got['fps']:.1f} fps; lip sync "
+    print(f"voice agent: character joined {got['joined_s']:.1f} s after dispatch, its first frame "
+          f"{-got['first_frame_s']:.2f} s before its first speech ({got['black']} black frames); "
+          f"{got['fps']:.1f} fps; lip sync "
           f"r {got['r']:.3f} at lag {got['lag']} frames (control {got['control']:.3f}); interrupt RPC "
           f"{got['rpc_s'] * 1000:.0f} ms, silent {got['silent_after_s'] * 1000:.0f} ms after session.interrupt()")
     assert got["session"]["status"] == "RUNNING" and set(got["answer"]) == {"interruptedAt"}
+    assert got["black"] == 0, got  # the poster is the track's first frame
     assert got["r"] >= MIN_R and got["r"] - got["control"] >= MIN_MARGIN, got
     assert -3 <= got["lag"] <= 8, got  # the mouth moves with the speech, not before it
     assert got["speaking"] >= 3, got  # it was speaking in the 300 ms before the call (10 ms frames)

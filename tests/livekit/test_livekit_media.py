@@ -8,6 +8,7 @@ import time
 
 import pytest
 from lk_helpers import CHUNK_S, FPS, FakeSession, Generator, H, Viewer, W
+from lk_helpers import token as lk_token
 
 from deployments.livekit import LiveKitOutput, LiveKitRoom, LiveKitServer, LiveKitSink, MediaFormat
 
@@ -56,6 +57,56 @@ def test_viewer_gets_24fps_video_at_the_preset_size_and_continuous_audio(livekit
         assert p.buffered_s < 3 * CHUNK_S
 
     asyncio.run(main())
+
+
+def test_the_poster_is_the_video_tracks_first_frame_not_black(livekit_server: LiveKitServer) -> None:
+    """Until its source has a frame, the rtc library sends black keepalive frames; a room given a poster (the
+    character's image) shows it from the track's first frame, before any chunk. The viewer is in the room first,
+    as a user is when the character is dispatched to them."""
+    import numpy as np
+    from livekit import rtc
+
+    yy, xx = np.mgrid[0:H, 0:W]
+    poster = np.stack([xx * 255 // W, yy * 255 // H, np.full_like(xx, 128)], -1).astype(np.uint8)
+    with pytest.raises(ValueError, match="poster"):
+        LiveKitRoom(output(livekit_server, "poster"), MediaFormat(W, H), poster=poster[:, :-1])
+
+    async def main() -> list[np.ndarray]:
+        frames: list[np.ndarray] = []
+        viewer = rtc.Room()
+        tasks: list[asyncio.Task[None]] = []
+
+        async def record(stream: rtc.VideoStream) -> None:
+            async for ev in stream:
+                rgb = ev.frame.convert(rtc.VideoBufferType.RGB24)
+                frames.append(np.frombuffer(rgb.data, np.uint8).reshape(rgb.height, rgb.width, 3).copy())
+
+        def on_track(track: rtc.Track, *_: object) -> None:
+            if track.kind == rtc.TrackKind.KIND_VIDEO:
+                tasks.append(asyncio.create_task(record(rtc.VideoStream(track))))
+
+        viewer.on("track_subscribed", on_track)
+        await viewer.connect(livekit_server.url, lk_token(livekit_server, "poster", "viewer"))
+        room = LiveKitRoom(output(livekit_server, "poster"), MediaFormat(W, H), poster=poster)
+        await room.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not frames and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # a black keepalive frame would come every 100 ms
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await viewer.disconnect()
+            await room.aclose()
+        return frames
+
+    frames = asyncio.run(main())
+    assert frames, "the viewer got no frame: the poster was not sent"
+    err = [float(np.abs(f.astype(np.int16) - poster).mean()) for f in frames]
+    print(f"poster: {len(frames)} frames before the first chunk, mean abs error {max(err):.1f} (of 255)")
+    assert max(err) < 8, err  # every frame is the poster (through VP8), none black (~150 off)
 
 
 def test_sink_publishes_from_a_synchronous_caller_and_closes_cleanly(livekit_server: LiveKitServer) -> None:
