@@ -106,7 +106,7 @@ def test_the_poster_is_the_video_tracks_first_frame_not_black(livekit_server: Li
     assert frames, "the viewer got no frame: the poster was not sent"
     err = [float(np.abs(f.astype(np.int16) - poster).mean()) for f in frames]
     print(f"poster: {len(frames)} frames before the first chunk, mean abs error {max(err):.1f} (of 255)")
-    assert max(err) < 8, err  # every frame is the poster (through VP8), none black (~150 off)
+    assert max(err) < 20, err  # every frame is the poster (1.4 off through VP8 here), none black (~127 off)
 
 
 def test_sink_publishes_from_a_synchronous_caller_and_closes_cleanly(livekit_server: LiveKitServer) -> None:
