@@ -135,7 +135,6 @@ class MediaPublisher:
             log.error("the playout task failed: %r; the character's media stopped", task.exception())
 
     async def aclose(self) -> None:
-        self._playing = True  # no poster after the close
         tasks = [t for t in (self._poster_task, self._task) if t is not None]
         self._poster_task = self._task = None
         for task in tasks:

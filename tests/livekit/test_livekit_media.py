@@ -61,17 +61,20 @@ def test_viewer_gets_24fps_video_at_the_preset_size_and_continuous_audio(livekit
 
 def test_the_poster_is_the_video_tracks_first_frame_not_black(livekit_server: LiveKitServer) -> None:
     """Until its source has a frame, the rtc library sends black keepalive frames; a room given a poster (the
-    character's image) shows it from the track's first frame, before any chunk. The viewer is in the room first,
-    as a user is when the character is dispatched to them."""
+    character's image) shows it from the track's first frame, before any chunk, and never again once chunks play.
+    The viewer is in the room first, as a user is when the character is dispatched to them."""
     import numpy as np
     from livekit import rtc
+    from lk_helpers import F, frames_for
+
+    from characters.audio import chunk_sample_range
 
     yy, xx = np.mgrid[0:H, 0:W]
     poster = np.stack([xx * 255 // W, yy * 255 // H, np.full_like(xx, 128)], -1).astype(np.uint8)
     with pytest.raises(ValueError, match="poster"):
         LiveKitRoom(output(livekit_server, "poster"), MediaFormat(W, H), poster=poster[:, :-1])
 
-    async def main() -> list[np.ndarray]:
+    async def main() -> tuple[list[np.ndarray], list[np.ndarray]]:
         frames: list[np.ndarray] = []
         viewer = rtc.Room()
         tasks: list[asyncio.Task[None]] = []
@@ -94,19 +97,28 @@ def test_the_poster_is_the_video_tracks_first_frame_not_black(livekit_server: Li
             while not frames and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # a black keepalive frame would come every 100 ms
+            before = len(frames)
+            for k in range(12):  # 2 s of chunks, queued at once: the playout paces them
+                s0, s1 = chunk_sample_range(k, F)
+                pcm = np.zeros(s1 - s0, np.float32)
+                room.push_chunk(frames_for(k, pcm), pcm)
+            await asyncio.sleep(2.5)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await viewer.disconnect()
             await room.aclose()
-        return frames
+        return frames[:before], frames[before:]
 
-    frames = asyncio.run(main())
-    assert frames, "the viewer got no frame: the poster was not sent"
-    err = [float(np.abs(f.astype(np.int16) - poster).mean()) for f in frames]
-    print(f"poster: {len(frames)} frames before the first chunk, mean abs error {max(err):.1f} (of 255)")
+    waiting, playing = asyncio.run(main())
+    assert waiting, "the viewer got no frame: the poster was not sent"
+    err = [float(np.abs(f.astype(np.int16) - poster).mean()) for f in waiting]
+    print(f"poster: {len(waiting)} frames before the first chunk, mean abs error {max(err):.1f} (of 255)")
     assert max(err) < 20, err  # every frame is the poster (1.4 off through VP8 here), none black (~127 off)
+    shown = [float(np.abs(f.astype(np.int16) - poster).mean()) < 20 for f in playing]
+    first_chunk = shown.index(False)  # the chunks' frames (gray, a moving bar) are ~60 off the poster
+    assert len(playing) - first_chunk >= 40 and not any(shown[first_chunk:]), shown  # no poster between them
 
 
 def test_sink_publishes_from_a_synchronous_caller_and_closes_cleanly(livekit_server: LiveKitServer) -> None:
