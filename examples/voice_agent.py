@@ -6,6 +6,7 @@ joins the room, lip-syncs the agent's speech and publishes its video and that sp
 
 A first try, without any provider key (the stand-in TTS speaks a fixed script with espeak-ng):
 
+    scripts/setup.sh --agent                             # once: LiveKit Agents, the Runway plugin, espeak-ng
     characters serve --livekit-dev                       # the API on :8000, LiveKit on ws://127.0.0.1:7880
     export LIVEKIT_URL=ws://127.0.0.1:7880 LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret
     export RUNWAYML_BASE_URL=http://127.0.0.1:8000 RUNWAYML_API_SECRET=dev-key-0123456789  # keys off: any value
@@ -44,19 +45,24 @@ import wave
 from typing import Any
 
 from livekit import rtc
-from livekit.agents import (
-    DEFAULT_API_CONNECT_OPTIONS,
-    Agent,
-    AgentServer,
-    AgentSession,
-    APIConnectOptions,
-    JobContext,
-    cli,
-    room_io,
-    tts,
-    utils,
-)
-from livekit.plugins import runway
+
+try:
+    from livekit.agents import (
+        DEFAULT_API_CONNECT_OPTIONS,
+        Agent,
+        AgentServer,
+        AgentSession,
+        APIConnectOptions,
+        JobContext,
+        cli,
+        room_io,
+        tts,
+        utils,
+    )
+    from livekit.plugins import runway
+except ImportError as err:  # the project's base install has the server, not the agent framework
+    raise SystemExit(f"examples/voice_agent.py needs LiveKit Agents and its Runway plugin ({err.name} is missing): "
+                     "run `scripts/setup.sh --agent` (or `pip install 'realtime-characters[agent]'`)") from err
 
 logger = logging.getLogger("character-agent")
 
