@@ -269,10 +269,13 @@ class ServiceConfig(BaseModel):
         default=1.0, ge=0, le=4, description="The output's jitter buffer, in chunk durations: the slack against "
         "late chunks, paid as latency by every chunk (the first waits this long before playout starts).")
     jitter_min_slack_ms: float | None = Field(
-        default=30.0, ge=0, le=1000, description="LiveKit outputs: idle chunks (no speech) are trimmed a frame at a "
-        "time while every chunk of the last 6 s was queued this long plus a frame ahead of its play time, so the "
-        "buffer settles just above the lateness seen instead of at the start-up depth and speech starts that "
-        "much sooner (characters.pacing, min_slack_s). None: off.")
+        default=200.0, ge=0, le=1000, description="LiveKit outputs: idle chunks (no speech) are trimmed a frame at a "
+        "time while every chunk of the last 6 s was queued this long plus a frame ahead of its play time, so a buffer "
+        "that grew on a late chunk settles back to this slack (characters.pacing, min_slack_s). Speech after idle "
+        "(an onset) cuts the idle content ahead of it whatever its depth, so this costs latency only to speech that "
+        "comes at about real time. At 30 ms, beside a LiveKit Agents voice agent on two cores, the idle chunk in "
+        "flight when the agent's next line arrived was late in most lines' bursts (3-5 late chunks a minute, README, "
+        "Latency); 200 covers those bursts. None: off (the buffer keeps whatever depth it grew to).")
     run_ahead_chunks: float = Field(
         default=2.0, ge=0, le=8, description="A chunk whose audio window is all queued is generated as soon as it "
         "is, up to this many chunk durations before its boundary, instead of waiting for it: speech (a TTS sends it "

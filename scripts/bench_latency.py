@@ -598,7 +598,7 @@ def main() -> None:
                     help="ray: the real pipeline (Serve, scheduler, warm slot, compiled graph, room worker); tiny / "
                          "synthetic: an in-process chunk loop")
     ap.add_argument("--jitter-buffer", type=float, default=1.0, help="ray: the output's jitter buffer, chunks")
-    ap.add_argument("--min-slack-ms", type=float, default=30.0,
+    ap.add_argument("--min-slack-ms", type=float, default=ServiceConfig().jitter_min_slack_ms,
                     help="ray: idle chunks trimmed down to this slack (ServiceConfig.jitter_min_slack_ms); < 0: off")
     ap.add_argument("--run-ahead", type=float, default=2.0,
                     help="ray: a chunk whose audio is queued goes up to this many chunks early "

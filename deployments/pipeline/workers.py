@@ -186,14 +186,19 @@ class DiTWorker:
                  auto_dtype: bool = True, cpu_threads: int | None = None,
                  trace_context: Mapping[str, str] | None = None, nice: int | None = None) -> None:
         """`cpu_threads`: intra-op threads on a CPU (default: the topology's `dit_cpu_threads`); `nice`: the
-        process's nice value (`realtime`)."""
+        process's nice value (`realtime`), the step's compute at it for urgent chunks only (intra-op threads, when
+        `cpu_threads` > 1, keep the value they started with)."""
         if not 0 <= rank < ranks:
             raise ValueError(f"rank={rank} must be in [0, ranks={ranks})")
-        # the DiT, the heaviest of the chunk path, raises its priority only for urgent chunks (`run_chunk_loop`:
-        # all but speech made a chunk or more ahead): at nice -10 throughout it left a voice agent on the same
-        # cores too little to answer an interruption within a chunk (measured: docs/operations.md)
+        # The DiT, the heaviest of the chunk path, computes at `nice` only for urgent chunks (`run_chunk_loop`: all
+        # but speech made a chunk or more ahead): at nice -10 throughout it left a voice agent on the same cores too
+        # little to answer an interruption within a chunk (measured: docs/operations.md). Everything else of the
+        # process is at `nice`, the step's thread too while it waits: each chunk's task arrives through Ray's
+        # threads and wakes it, and at the calm value a voice agent's burst at a speech onset held an idle chunk's
+        # start for up to 128 ms (perf sched: the task's delivery thread waited 61 ms for a core).
         self.urgent_nice, self._calm_nice = nice, os.getpriority(os.PRIO_PROCESS, 0)
-        self._urgent = False
+        if nice is not None and prioritize(nice) is None:
+            self.urgent_nice = None  # refused (no CAP_SYS_NICE): nothing to switch
         self.cfg, self.rank, self.ranks = cfg, rank, ranks
         self.use_gpus, self.auto_dtype = use_gpus, auto_dtype
         self.cpu_threads = cpu_threads or cfg.topology.dit_cpu_threads
@@ -271,12 +276,15 @@ class DiTWorker:
                 f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk}, got session "
                 f"{inp.session_id!r} chunk {inp.chunk}; start the session on this worker first"
             )
-        if (self.urgent_nice is not None and inp.urgent != self._urgent
-                and prioritize_thread(self.urgent_nice if inp.urgent else self._calm_nice)):
-            self._urgent = inp.urgent
+        urgent = self.urgent_nice
+        calm = urgent is not None and not inp.urgent and prioritize_thread(self._calm_nice)
         rec = runner.recorder
         t0 = time.time_ns()
-        latents = runner.step(inp.pcm)  # (1, C, Cf, h, w) float32
+        try:
+            latents = runner.step(inp.pcm)  # (1, C, Cf, h, w) float32
+        finally:
+            if calm and urgent is not None:  # and waits for the next chunk at the chunk path's priority
+                prioritize_thread(urgent)
         if self.rank != 0:
             return Ack(self.rank, inp.chunk)
         msg = pack(inp.session_id, inp.chunk, latents)

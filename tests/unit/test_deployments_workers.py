@@ -241,8 +241,9 @@ def test_room_reports_the_real_playouts_late_chunks_when_its_output_has_one(cfg:
 
 def test_the_dit_raises_its_priority_for_urgent_chunks_only(workers: tuple[DiTWorker, DecoderWorker],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """An onset (and the chunks just after it, and idle ones) at the chunk path's nice value, the rest of the speech
-    at the worker's own: the thread's priority changes only when the urgency does."""
+    """An onset (and the chunks just after it, and idle ones) computed at the chunk path's nice value, the rest of
+    the speech at the worker's own; between steps the thread waits at the chunk path's value (its next task wakes it
+    at once, whatever else wants the cores)."""
     from deployments.pipeline import workers as module
 
     dit, dec = workers
@@ -256,9 +257,22 @@ def test_the_dit_raises_its_priority_for_urgent_chunks_only(workers: tuple[DiTWo
     dit.start("u", ref, seed=1)
     for k, urgent in enumerate([True, True, False, False, True]):
         dit.step(ChunkInput("u", k, pcm(k), urgent=urgent))
-    assert asked == [-10, calm, -10]
+    assert asked == [calm, -10, calm, -10]  # the two calm steps only, each raised again after its compute
     dit.step(ChunkInput("u", 5, pcm(5)))  # back to calm for the next test
     dit.reset()
+
+
+def test_the_dits_process_waits_at_the_chunk_paths_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for a nice value, the DiT worker sets it on every thread of its process at once (Ray's, which deliver
+    each chunk's task, and the step's while it waits); refused, it never switches."""
+    from deployments.pipeline import workers as module
+
+    asked: list[int] = []
+    monkeypatch.setattr(module, "prioritize", lambda nice: asked.append(nice) or nice)
+    assert DiTWorker(session_config("tiny", "cpu", model=SMALL), nice=-10).urgent_nice == -10
+    assert asked == [-10]
+    monkeypatch.setattr(module, "prioritize", lambda nice: None)  # no CAP_SYS_NICE
+    assert DiTWorker(session_config("tiny", "cpu", model=SMALL), nice=-10).urgent_nice is None
 
 
 class Recording:
