@@ -274,8 +274,8 @@ class ServiceConfig(BaseModel):
         "that grew on a late chunk settles back to this slack (characters.pacing, min_slack_s). Speech after idle "
         "(an onset) cuts the idle content ahead of it whatever its depth, so this costs latency only to speech that "
         "comes at about real time. At 30 ms, beside a LiveKit Agents voice agent on two cores, the idle chunk in "
-        "flight when the agent's next line arrived was late in most lines' bursts (3-5 late chunks a minute, README, "
-        "Latency); 200 covers those bursts. None: off (the buffer keeps whatever depth it grew to).")
+        "flight when the agent's next line arrived was often late (2-5 late chunks in ~84 s, README, 'Use it from a "
+        "voice agent'); 200 covers those bursts. None: off (the buffer keeps whatever depth it grew to).")
     run_ahead_chunks: float = Field(
         default=2.0, ge=0, le=8, description="A chunk whose audio window is all queued is generated as soon as it "
         "is, up to this many chunk durations before its boundary, instead of waiting for it: speech (a TTS sends it "
