@@ -305,6 +305,14 @@ class TopologyConfig(_Frozen):
         "H200s the 57b step ran 389.5 ms with it and 376.4 ms without (its collectives cost more in place than "
         "the compute they save; benchmarks/h200x2/tp_57b_2_all.json).",
     )
+    local_layers: bool = Field(
+        default=False,
+        description="With sequence_parallel: the token-by-token layers (the MLP, the audio cross-attention) keep "
+        "their whole weights on every rank and run on the rank's own tokens, so only self-attention communicates "
+        "(2 of a block's 6 collectives: an all-gather and a reduce-scatter). The same FLOPs per rank; the memory of "
+        "those weights whole on each: 57b over 3 ranks holds 44.4 B parameters a rank against 19.6 B split "
+        "(characters.flops.chunk_cost), ~25 GB more per rank in FP8.",
+    )
     tp_overlap: Literal["none", "ring", "symm_mem"] = Field(
         default="none",
         description="Sequence-parallel collectives: 'none' = NCCL's all-gather / reduce-scatter next to the GEMMs; "
@@ -316,6 +324,13 @@ class TopologyConfig(_Frozen):
     @property
     def gpus(self) -> int:
         return self.dit_ranks + self.decoder_gpus
+
+    @model_validator(mode="after")
+    def _check_local_layers(self) -> TopologyConfig:
+        if self.local_layers and not self.sequence_parallel:
+            raise ValueError("topology.local_layers=true needs topology.sequence_parallel=true: the layers kept whole "
+                             "run on each rank's own tokens (with every token on every rank, each would run them all)")
+        return self
 
 
 def check_tensor_parallel(dit: DiTConfig, ranks: int, precision: Precision = "bf16") -> None:

@@ -234,33 +234,50 @@ class SelfAttention(nn.Module):
 
 
 class AudioCrossAttention(nn.Module):
-    """Each latent frame's tokens attend to that frame's audio tokens only."""
+    """Each latent frame's tokens attend to that frame's audio tokens only: token by token (`token_local`), so
+    under `topology.local_layers` every rank runs it whole (all heads) on its own rows, with no collective."""
+
+    token_local = True
 
     def __init__(self, dim: int, cross_dim: int, num_heads: int, eps: float) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.eps = num_heads, dim // num_heads, eps
         self.ops = _PLAIN
-        self.q = ParallelLinear(dim, dim, "column", sequence=True)
-        self.kv = ParallelLinear(cross_dim, 2 * dim, "column", groups=2)
+        self.q = ParallelLinear(dim, dim, "column", sequence=True, token_local=True)
+        self.kv = ParallelLinear(cross_dim, 2 * dim, "column", groups=2, token_local=True)
         self.q_norm = nn.Parameter(torch.ones(self.head_dim))
         self.k_norm = nn.Parameter(torch.ones(self.head_dim))
-        self.o = ParallelLinear(dim, dim, "row")
+        self.o = ParallelLinear(dim, dim, "row", token_local=True)
+        self.rows: TokenShards | None = None  # kept whole: this rank's rows of the token split (their frames)
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        q = self.q(x)  # (B, T, Hh*Dh): every token (x may hold only this rank's)
+        q = self.q(x)  # (B, T, Hh*Dh): every token (x may hold only this rank's); kept whole: (B, m, H*Dh)
+        kv = self.kv(ctx)  # (B, nF, A, 2*Hh*Dh)
+        if self.rows is None:
+            return self.o(self._attend(q, kv))  # (B, T, D)
+        # kept whole: the rank's m rows, frame by frame (one run per frame its rows touch; one at 57b's one frame)
+        parts = [self._attend(q[:, lo:hi], kv[:, f:f + 1]) for lo, hi, f in self.rows.frame_segments(kv.shape[1])]
+        if len(parts) == 1:
+            return self.o(parts[0])  # (B, m, D)
+        if isinstance(parts[0], Fp8Act):
+            acts = [p for p in parts if isinstance(p, Fp8Act)]
+            return self.o(Fp8Act(torch.cat([p.data for p in acts], 1), torch.cat([p.scale for p in acts], 1)))
+        return self.o(torch.cat([p for p in parts if isinstance(p, torch.Tensor)], 1))
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor | Fp8Act:
+        """q (B, T, Hh*Dh) frame-major over kv's nF frames (B, nF, A, 2*Hh*Dh) -> the output layer's input."""
         b, t = q.shape[:2]
-        nf, a = ctx.shape[1], ctx.shape[2]
+        nf, a = kv.shape[1], kv.shape[2]
         hh, dh = self.num_heads, self.head_dim
         if self.ops.row_kernels:  # FP8 with our Triton kernels: norms, attention and quantisation in one
-            data, scale = cross_attention_fp8(q, self.kv(ctx), self.q_norm, self.k_norm, self.eps, heads=hh)
-            return self.o(Fp8Act(data, scale))  # (B, T, D)
-        kv = self.kv(ctx).view(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
-        q = self.ops.head_norm(q.view(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
+            return Fp8Act(*cross_attention_fp8(q, kv, self.q_norm, self.k_norm, self.eps, heads=hh))
+        kv = kv.reshape(b * nf, a, 2, hh, dh)  # (B*nF, A, 2, Hh, Dh)
+        q = self.ops.head_norm(q.reshape(b * nf, t // nf, hh, dh), self.q_norm, self.eps)  # (B*nF, N, Hh, Dh)
         k = self.ops.head_norm(kv[:, :, 0], self.k_norm, self.eps)  # (B*nF, A, Hh, Dh)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              kv[:, :, 1].transpose(1, 2))  # (B*nF, Hh, N, Dh)
         out = out.transpose(1, 2).reshape(b, t, -1)  # (B, T, Hh*Dh)
-        return self.o(self.ops.quant(out) if self.ops.fp8 else out)  # (B, T, D)
+        return self.ops.quant(out) if self.ops.fp8 else out
 
 
 class Block(nn.Module):
@@ -271,8 +288,8 @@ class Block(nn.Module):
         self.self_attn = SelfAttention(d.dim, d.num_heads)
         self.norm3 = nn.LayerNorm(d.dim, eps=d.eps)
         self.cross_attn = AudioCrossAttention(d.dim, d.cross_dim, d.num_heads, d.eps)
-        self.fc1 = ParallelLinear(d.dim, d.ffn_dim, "column", sequence=True)
-        self.fc2 = ParallelLinear(d.ffn_dim, d.dim, "row")
+        self.fc1 = ParallelLinear(d.dim, d.ffn_dim, "column", sequence=True, token_local=True)
+        self.fc2 = ParallelLinear(d.ffn_dim, d.dim, "row", token_local=True)
         self.modulation = nn.Parameter(torch.zeros(1, 1, 6, d.dim))
 
     def forward(self, x: torch.Tensor, e: torch.Tensor, ctx: torch.Tensor, layer: int, attend: AttendFn,

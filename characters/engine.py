@@ -86,7 +86,8 @@ class DiTRunner:
         with torch.device("meta"):
             dit = CausalDiT(m)
         apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate,
-                              sequence_parallel=topo.sequence_parallel, overlap=tp_overlap or topo.tp_overlap)
+                              sequence_parallel=topo.sequence_parallel, overlap=tp_overlap or topo.tp_overlap,
+                              local_layers=topo.local_layers)
         init_weights(dit.to(self.dtype), cfg.seed, device=self.device)  # materialise in the compute dtype
         self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         self.weights = resolve_weights(cfg)  # None: seeded random weights

@@ -5,18 +5,24 @@ FLOPs count a multiply-add as 2. Per forward over T chunk tokens with S cache ke
     self-attention   4 * T * S * D per layer         (QK^T and PV)
     cross-attention  4 * T * A * D per layer
 Split layers (ParallelLinear and attention) divide by the tensor-parallel ranks; the rest is
-replicated on every rank.
+replicated on every rank. Token-local layers kept whole (`topology.local_layers`) run on the rank's
+1/n of the tokens: the same share of their FLOPs (the audio K/V projection, over the audio tokens,
+then runs whole on every rank) for their whole weights in each rank's memory.
+
+`chunk_collectives` lists the collectives one rank of a split session calls per chunk, with their
+sizes: what an estimate of their time starts from (`scripts/latency_budget.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 
 from characters.config import ModelConfig, SessionConfig
 from characters.dit import Block, CausalDiT
-from characters.tp import ParallelLinear
+from characters.tp import ParallelLinear, apply_tensor_parallel
 
 # Matmul rates measured on the lent H200 (FLOP/s): the median over the 15 step runs of benchmarks/h200/step_*_fp8.json
 # of each run's best-of-five 8192^3 medians (bf16 torch.mm; FP8 torch._scaled_mm with row-wise scales, fast
@@ -66,6 +72,8 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
     audio_tokens = g.latent_frames_per_chunk * cfg.audio_tokens_per_latent
     split = sum(p.numel() for m in model.modules() if isinstance(m, ParallelLinear)
                 for n, p in m.named_parameters(recurse=False) if n == "weight")
+    whole = sum(m.weight.numel() for m in model.modules() if isinstance(m, ParallelLinear) and m.token_local
+                ) if session.topology.local_layers and ranks > 1 else 0  # kept whole on every rank
     total = sum(p.numel() for p in model.parameters())
     kv_weights = sum(b.cross_attn.kv.weight.numel() for b in model.blocks if isinstance(b, Block))
     # the patch embedding and head: per token; each rank runs its own tokens under sequence parallelism
@@ -73,17 +81,66 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
     per_vector = sum(p.numel() for p in [*model.time_embed.parameters(), *model.time_proj.parameters()])
     audio_embed = sum(p.numel() for p in model.audio_embed.parameters())
     attn = d.num_layers * (4 * t * s * d.dim + 4 * t * cfg.audio_tokens_per_latent * d.dim)
-    split_flops = 2 * t * (split - kv_weights) + 2 * audio_tokens * kv_weights + attn
+    kv_flops = 2 * audio_tokens * kv_weights
+    split_flops = 2 * t * (split - kv_weights) + attn
     token_flops = 2 * t * per_token
     rep_flops = 2 * per_vector + 2 * audio_tokens * audio_embed
-    per_forward = float(split_flops + token_flops + rep_flops)
+    per_forward = float(split_flops + kv_flops + token_flops + rep_flops)
     token_share = ranks if session.topology.sequence_parallel else 1
-    per_forward_rank = split_flops / ranks + token_flops / token_share + rep_flops
+    per_forward_rank = split_flops / ranks + kv_flops / (1 if whole else ranks) + token_flops / token_share + rep_flops
     n = g.forwards_per_chunk
     linear = 2 * t * (split - kv_weights) / ranks
     attention = attn / ranks
-    return ChunkCost(params=total, params_per_rank=(split // ranks) + (total - split), tokens_per_chunk=t,
+    return ChunkCost(params=total, params_per_rank=(split - whole) // ranks + whole + (total - split),
+                     tokens_per_chunk=t,
                      cache_tokens=s, forwards_per_chunk=n, flops_per_forward=per_forward,
                      flops_per_chunk=n * per_forward, flops_per_chunk_per_rank=n * per_forward_rank,
                      linear_flops_per_chunk_per_rank=n * linear, attention_flops_per_chunk_per_rank=n * attention,
                      other_flops_per_chunk_per_rank=n * (per_forward_rank - linear - attention))
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective call a rank of a split session makes, and how often per chunk."""
+
+    op: Literal["all_gather", "reduce_scatter", "all_reduce"]
+    bytes: int  # the whole tensor of one call: the gathered output, the reduce-scatter's input, the all-reduce's
+    calls: int  # per chunk
+    what: str
+
+
+def chunk_collectives(session: SessionConfig) -> list[Collective]:
+    """The collectives one DiT rank calls per chunk (none on one rank), grouped by kind and size: sequence
+    parallelism's all-gathers before the split column layers (FP8: the e4m3 bytes and their per-token float32
+    scales, two calls) and reduce-scatters after the split row layers, or all-reduces after the row layers with
+    every token on every rank; the head's gather. Layers kept whole (`local_layers`) call none."""
+    cfg, topo = session.model, session.topology
+    ranks = topo.dit_ranks
+    if ranks == 1:
+        return []
+    model = build_meta_dit(cfg)
+    apply_tensor_parallel(model, rank=0, size=ranks, communicate=False, sequence_parallel=topo.sequence_parallel,
+                          local_layers=topo.local_layers)
+    t, n = cfg.tokens_per_chunk, cfg.generation.forwards_per_chunk
+    act = torch.finfo(getattr(torch, session.dtype)).bits // 8  # the compute dtype's bytes
+    fp8 = cfg.precision == "fp8"
+    calls: dict[tuple[str, int, str], int] = {}
+
+    def add(op: str, nbytes: int, what: str) -> None:
+        calls[(op, nbytes, what)] = calls.get((op, nbytes, what), 0) + n
+
+    for name, m in model.named_modules():
+        if not isinstance(m, ParallelLinear) or m.tp_size == 1:
+            continue
+        where = name.split(".", 2)[-1] if name.startswith("blocks.") else name  # per block: "blocks.7.fc1" -> "fc1"
+        if m.shards is not None and m.mode == "column":
+            add("all_gather", t * m.full_in * (1 if fp8 else act), f"{where} input")
+            if fp8:
+                add("all_gather", t * 4, f"{where} input scales")
+        elif m.shards is not None:
+            add("reduce_scatter", t * m.full_out * act, f"{where} output")
+        elif m.mode == "row":
+            add("all_reduce", t * m.full_out * act, f"{where} output")
+    if topo.sequence_parallel:
+        add("all_gather", t * model.head.out_features * act, "head output")
+    return [Collective(op, nbytes, count, what) for (op, nbytes, what), count in calls.items()]  # type: ignore[arg-type]

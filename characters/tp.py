@@ -8,6 +8,14 @@ Every linear layer that tensor parallelism splits is a `ParallelLinear` that kno
 - ``row``: input features are split; partial outputs are summed across ranks; rank 0 alone adds
   the bias (in its GEMM), so the sum carries it once (output projections, the MLP's second layer).
 
+Token-local layers kept whole (`topology.local_layers`, with sequence parallelism): the MLP and the audio
+cross-attention work token by token (a token's output reads only that token and its frame's audio), so each
+rank can run them on its own m rows with the whole weights instead of 1/n of them on all T rows: the same
+FLOPs per rank, no collective (4 of a block's 6 gather / reduce-scatter calls and their bytes go), for the
+memory of their whole weights on every rank. Only self-attention, which reads every token, still gathers and
+reduce-scatters. Layers built with ``token_local=True`` (and modules with a ``token_local`` attribute) are the
+ones kept whole.
+
 Sequence parallelism (Megatron-style; `topology.sequence_parallel`, off by default): between a row layer
 and the next column layer the residual stream is split by tokens, so each rank runs the norms,
 modulation and residual adds on its own ceil(T/n) rows. Column layers that read the residual
@@ -107,6 +115,21 @@ class TokenShards:
 
     def _row_range(self, c: int) -> tuple[int, int]:
         return c * self.rows, min((c + 1) * self.rows, self.tokens)
+
+    def frame_segments(self, frames: int) -> list[tuple[int, int, int]]:
+        """This rank's m rows as runs of one frame each: (start, end, frame) in local row offsets, covering [0, m)
+        in order. The T tokens are frame-major, T / `frames` per frame; padding rows (past T) join the last frame's
+        run (their values are dropped at the gather). Host ints: static per shape (graph capture)."""
+        if frames < 1 or self.tokens % frames:
+            raise ValueError(f"T={self.tokens} tokens do not split into {frames} frames")
+        per, lo0 = self.tokens // frames, self.rank * self.rows
+        segments, start = [], 0
+        while start < self.rows:
+            frame = min((lo0 + start) // per, frames - 1)
+            end = self.rows if frame == frames - 1 else min(self.rows, (frame + 1) * per - lo0)
+            segments.append((start, end, frame))
+            start = end
+        return segments
 
     # ------------------------------------------------------------------ collectives
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -250,13 +273,17 @@ class ParallelLinear(nn.Linear):
     weight_scale: torch.Tensor  # (out,) float32, only once `to_fp8_` ran
 
     def __init__(self, in_features: int, out_features: int, mode: Mode, *, groups: int = 1, bias: bool = True,
-                 sequence: bool = False) -> None:
+                 sequence: bool = False, token_local: bool = False) -> None:
         """`sequence`: a column layer whose input is the residual stream (split by tokens under sequence
-        parallelism, so gathered first). Row layers always scatter by tokens under sequence parallelism."""
+        parallelism, so gathered first). Row layers always scatter by tokens under sequence parallelism.
+        `token_local`: a layer of a token-by-token stage (the MLP, the audio cross-attention), kept whole on every
+        rank under `local_layers` (`apply_tensor_parallel`)."""
         super().__init__(in_features, out_features, bias=bias)
         self.mode: Mode = mode
         self.groups = groups
         self.sequence = sequence or mode == "row"
+        self.token_local = token_local
+        self.kept_whole = False  # `apply_tensor_parallel(local_layers=True)`: whole weights on a rank of several
         self.full_in, self.full_out = in_features, out_features
         self.tp_rank, self.tp_size = 0, 1
         self.group: dist.ProcessGroup | None = None
@@ -377,15 +404,18 @@ class ParallelLinear(nn.Linear):
 
 def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = None, *,
                           rank: int | None = None, size: int | None = None, communicate: bool = True,
-                          sequence_parallel: bool = False, overlap: Overlap = "none") -> nn.Module:
+                          sequence_parallel: bool = False, overlap: Overlap = "none",
+                          local_layers: bool = False) -> nn.Module:
     """Split `model` in place for tensor-parallel rank `rank` of `size` (default: from `group`).
 
     Modules with a `num_heads` attribute have it divided by `size`. With `sequence_parallel`, one
     `TokenShards` is shared by every sequence layer and set as the `shards` attribute of each module
     that declares one (the model splits and gathers its tokens through it); `overlap` picks its
-    collectives. `communicate=False` builds one rank's share with no collectives (benchmarks of a
-    rank's compute alone). Building the model on the ``meta`` device first and sharding before
-    materialising keeps memory to one rank's share.
+    collectives. `local_layers` (sequence parallel only): token-local layers (``token_local``) stay whole
+    and run on the rank's own tokens; a token-local module with heads keeps all of them and gets the token
+    split as its `rows` (its tokens' frames). `communicate=False` builds one rank's share with no collectives
+    (benchmarks of a rank's compute alone). Building the model on the ``meta`` device first and sharding
+    before materialising keeps memory to one rank's share.
     """
     if size is None:
         size = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -393,8 +423,17 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
         rank = dist.get_rank(group) if dist.is_initialized() else 0
     if size == 1:
         return model
+    if local_layers and not sequence_parallel:
+        raise ValueError("local_layers keeps token-local layers whole on each rank's own tokens, which needs "
+                         "sequence_parallel=True (with every token on every rank each rank would run them all)")
     shards = TokenShards(rank, size, group, overlap=overlap, communicate=communicate) if sequence_parallel else None
     for module in model.modules():
+        if local_layers and getattr(module, "token_local", False):
+            if isinstance(module, ParallelLinear):
+                module.kept_whole = True
+            else:
+                setattr(module, "rows", shards)  # noqa: B010 (a token-local module reads its rows' frames)
+            continue  # whole weights, all heads
         if isinstance(module, ParallelLinear):
             module.shard_(rank, size, group, communicate, shards)
         elif hasattr(module, "shards"):  # the model that splits and gathers its tokens

@@ -158,12 +158,19 @@ def shard_path(directory: str | Path, rank: int, ranks: int) -> Path:
 @torch.no_grad()
 def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: int) -> nn.Module:
     """Load rank `rank`'s share of a DiT: its own shard file if the checkpoint has one, else its slice of
-    the whole `dit.safetensors` (each `ParallelLinear` cuts its own rows or columns)."""
+    the whole `dit.safetensors` (each `ParallelLinear` cuts its own rows or columns). A model with layers kept
+    whole (`topology.local_layers`) reads the whole file: a shard file holds 1/n of those layers."""
     path = shard_path(directory, rank, ranks)
-    if ranks == 1 or path.is_file():
+    kept_whole = any(isinstance(m, ParallelLinear) and m.kept_whole for m in model.modules())
+    if ranks == 1 or (path.is_file() and not kept_whole):
         return load_weights(model, path)
     whole = Path(directory) / "dit.safetensors"
     if not whole.is_file():
+        if kept_whole:
+            raise FileNotFoundError(f"weights directory {directory} has no dit.safetensors: topology.local_layers "
+                                    f"keeps the MLP and the audio cross-attention whole on every rank, and "
+                                    f"{path.name} holds 1/{ranks} of them; give the whole checkpoint or set "
+                                    "topology.local_layers=false")
         raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
     state = load_file(str(whole), device=str(next(model.parameters()).device))
     modules = dict(model.named_modules())

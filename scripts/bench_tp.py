@@ -9,10 +9,12 @@ rank's share (seeded, TP-invariant init). Per rank, in turn (CUDA graphs on GPUs
 - ``sp_none``: sequence parallel, NCCL's all-gather / reduce-scatter next to the GEMMs;
 - ``sp_ring``: sequence parallel, the collectives decomposed into ring steps overlapped with the GEMMs;
 - ``sp_symm_mem``: sequence parallel, PyTorch's fused all-gather+matmul / matmul+reduce-scatter (symmetric memory);
-- ``sp_left_out``: sequence parallel with the collectives left out (`communicate=False`): compute alone.
-Exposed communication of a variant = its time minus ``sp_left_out`` (for ``replicated``, minus its own
-left-out twin, which runs every token's elementwise work). The floor is the rank's FLOPs at the bf16
-matmul rate measured on its GPU. Writes JSON from rank 0.
+- ``sp_left_out``: sequence parallel with the collectives left out (`communicate=False`): compute alone;
+- ``sp_local`` / ``sp_local_left_out``: sequence parallel with the token-local layers whole
+  (`topology.local_layers`: only self-attention communicates), with and without its collectives.
+Exposed communication of a variant = its time minus ``sp_left_out`` (for ``replicated`` and ``sp_local``,
+minus its own left-out twin: every token's elementwise work, the whole layers' GEMM shapes). The floor is the
+rank's FLOPs at the bf16 matmul rate measured on its GPU. Writes JSON from rank 0.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ from characters.flops import chunk_cost
 from characters.process_group import free_port, join, leave
 from scripts.bench_step import env_info, matmul_rate, timed
 
-# variant -> (sequence parallel, overlap, communicate)
-VARIANTS: dict[str, tuple[bool, str, bool]] = {
-    "sp_left_out": (True, "none", False),
-    "sp_none": (True, "none", True),
-    "sp_ring": (True, "ring", True),
-    "sp_symm_mem": (True, "symm_mem", True),
-    "replicated": (False, "none", True),
-    "replicated_left_out": (False, "none", False),
+# variant -> (sequence parallel, overlap, communicate, token-local layers whole)
+VARIANTS: dict[str, tuple[bool, str, bool, bool]] = {
+    "sp_left_out": (True, "none", False, False),
+    "sp_none": (True, "none", True, False),
+    "sp_ring": (True, "ring", True, False),
+    "sp_symm_mem": (True, "symm_mem", True, False),
+    "sp_local": (True, "none", True, True),
+    "sp_local_left_out": (True, "none", False, True),
+    "replicated": (False, "none", True, False),
+    "replicated_left_out": (False, "none", False, False),
 }
+TWINS = {"replicated": "replicated_left_out", "sp_local": "sp_local_left_out"}  # else sp_left_out
 
 
 def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool,
@@ -89,9 +94,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     try:
         rows: dict[str, Any] = {}
         for name in args.variants.split(","):
-            sp, overlap, communicate = VARIANTS[name]
+            sp, overlap, communicate, local = VARIANTS[name]
             topo = {"name": f"tp{args.ranks}", "dit_ranks": args.ranks, "decoder_gpus": 0, "sequence_parallel": sp,
-                    "tp_overlap": overlap}
+                    "tp_overlap": overlap, "local_layers": local}
             cfg = session_config(args.preset, topo, dtype="bfloat16" if cuda else "float32")
             runner = DiTRunner(cfg, device=device, group=dist.group.WORLD, rank=rank, ranks=args.ranks,
                                communicate=communicate)
@@ -110,7 +115,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
             cost = chunk_cost(cfg)
             compute = rows.get("sp_left_out", {}).get("ms_p50")
             for name, row in rows.items():
-                base = rows.get("replicated_left_out", {}).get("ms_p50") if name == "replicated" else compute
+                base = rows.get(TWINS[name], {}).get("ms_p50") if name in TWINS else compute
                 if VARIANTS[name][2] and base is not None:
                     row["exposed_communication_ms"] = row["ms_p50"] - base
                     row["exposed_communication_share"] = row["exposed_communication_ms"] / row["ms_p50"]

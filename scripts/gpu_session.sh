@@ -41,6 +41,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 scripts/bench_collectives.py --ranks 2 --device cuda --out "$OUT/collectives_2_cuda.json"
     python3 scripts/bench_tp.py --preset 57b --ranks 2 --device cuda --iters 8 \
       --variants sp_left_out,replicated_left_out,replicated,sp_none,sp_symm_mem,sp_ring --out "$OUT/tp_57b_2_all.json"
+    python3 scripts/bench_tp.py --preset 57b --ranks 2 --device cuda --iters 8 \
+      --variants sp_left_out,sp_none,sp_local_left_out,sp_local --out "$OUT/tp_57b_2_local.json"
   fi
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
@@ -63,6 +65,10 @@ if [ "$what" = fp8 ]; then  # the FP8 path (issue 17): GPU tests, attention kern
     --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_57b_tp4_fp8.json"
   part tp2 && b steps --preset 57b --ranks 2 --variants "${FP8_TP2:-sp:fp8:fp8,rep:fp8:fp8}" \
     --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_57b_tp2_fp8.json"
+  part local && b steps --preset 57b --ranks 3 --variants sp:fp8:fp8-cudnn,spl:fp8:fp8-cudnn \
+    --out "$OUT/step_57b_tp3_local.json"  # the token-local layers whole: the rank's compute (topology.local_layers)
+  part local && b steps --preset 57b --ranks 4 --variants sp:fp8:fp8-cudnn,spl:fp8:fp8-cudnn \
+    --out "$OUT/step_57b_tp4_local.json"
   part wan && b steps --preset wan-1.3b --ranks 1 --variants "${FP8_WAN:-rep:fp8:bf16,rep:fp8:fp8}" \
     --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_wan-1.3b_fp8.json"
   part lipsync && b lipsync --variants "${FP8_LIPSYNC:-bf16:bf16,fp8:bf16,fp8:fp8}" --seeds "${FP8_SEEDS:-3}" \

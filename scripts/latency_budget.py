@@ -12,12 +12,20 @@ size was lent), so each row adds up parts measured apart, p50 each:
 - agent -> the room and the wait for a full window of speech: the CPU runs' (`--cpu-run`, the embedded default
   through the real pipeline on 2 cores, default configuration; a GPU host's free cores only make these shorter):
   the median over the runs of each run's p50, as the machine's speed moves by the hour (the default: every
-  `latency_cpu_ray_run*.json` and `latency_cpu_ray_dec04*_run*.json` run);
+  `latency_cpu_ray_run*.json` and `latency_cpu_ray_dec0*_run*.json` run);
 - the wait for the DiT: the onset chunk queues behind the chunk the DiT is making. The DiT is busy rho = dit /
   chunk of the time, so for speech arriving at a random time the wait is 0 with probability 1 - rho, else
   uniform over (0, dit): its median is dit * (rho - 1/2) / rho (0 when rho <= 1/2);
 - the DiT rank step (one rank's compute; the collectives of 3 and 4 ranks were never measured: a floor),
   the NCCL latent handoff (`benchmarks/h200*/`);
+- an estimate of the rank's collectives (`collectives_est_ms`; the `*_est` totals add it, the wait for the DiT
+  recomputed with it): the calls `characters.flops.chunk_collectives` lists for the row's layout, each timed as
+  t = alpha + bytes * (n-1)/n / B (all-reduce: 2 (n-1)/n), alpha and B fitted per op to the 2-rank NCCL runs at two
+  sizes (`benchmarks/h200x2/collectives_2_cuda*.json`, from CUDA graphs). Assumed: the same per-GPU bandwidth and
+  latency at 3 and 4 ranks (NVSwitch; more ranks add ring steps, and NCCL's bus bandwidth on larger NVSwitch
+  nodes is usually higher), and no overlap with compute (`tp_overlap="none"`). At 2 ranks the model gives
+  `check_2_ranks` against the exposed communication measured in place (`tp_57b_2_all.json`: idle gaps between
+  kernels come on top);
 - the decoder up to the onset chunk's first frame on the host (`DecoderWorker.decode_first`: the room plays that
   frame while the decoder makes the other three; `scripts/bench_decoder.py --first-frame`). The rest must reach
   the room before the first frame has played (its audio lead aside): `rest_fits` checks rest + publish against a
@@ -42,17 +50,57 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from characters.config import TOPOLOGIES, SessionConfig, session_config
+from characters.flops import chunk_collectives
 from deployments.settings import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK_MS = 4 / 24 * 1e3
 TARGET_MS = 350.0
+COLLECTIVE_RUNS = ("collectives_2_cuda.json", "collectives_2_cuda_4x.json")  # 55 MB and 220 MB, 2 ranks
 
 
 def dit_wait_ms(dit_ms: float) -> float:
     """Median wait of speech arriving at a random time for a DiT that is busy dit / chunk of the time."""
     rho = min(1.0, dit_ms / CHUNK_MS)
     return 0.0 if rho <= 0.5 else dit_ms * (rho - 0.5) / rho
+
+
+def _traffic(op: str, ranks: int) -> float:
+    """The share of a call's whole tensor each rank sends (NCCL's bus-bandwidth factor)."""
+    return (2 if op == "all_reduce" else 1) * (ranks - 1) / ranks
+
+
+def fit_collectives(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per op, alpha (ms) and B (bytes/ms) of t = alpha + bytes * traffic / B through the runs' (size, graph time)
+    points: two runs of one rank count, different sizes (a least-squares line through more)."""
+    ranks = {int(r["ranks"]) for r in runs}
+    if len(ranks) != 1 or len({r["tensor"]["bytes"] for r in runs}) < 2:
+        raise ValueError(f"need runs of one rank count at two sizes or more; got ranks {sorted(ranks)}, sizes "
+                         f"{sorted(r['tensor']['bytes'] for r in runs)}")
+    n = ranks.pop()
+    fit = {}
+    for op in runs[0]["ops"]:
+        xs = [r["tensor"]["bytes"] * _traffic(op, n) for r in runs]
+        ys = [float(r["ops"][op]["graph_ms"]) for r in runs]
+        slope, alpha = statistics.linear_regression(xs, ys)
+        fit[op] = {"alpha_ms": alpha, "bytes_per_ms": 1 / slope}
+    return fit
+
+
+def collectives_ms(session: SessionConfig, fit: dict[str, dict[str, float]]) -> float:
+    """The model's time of one DiT rank's collectives per chunk for `session` (see the module's docstring)."""
+    n = session.topology.dit_ranks
+    return sum(c.calls * (fit[c.op]["alpha_ms"] + c.bytes * _traffic(c.op, n) / fit[c.op]["bytes_per_ms"])
+               for c in chunk_collectives(session))
+
+
+def rank_session(ranks: int, layout: str, precision: str = "fp8") -> SessionConfig:
+    """The `57b` session whose rank a row measured: `sp`, `sp_local` (token-local layers whole) or `rep`; bf16
+    activations (the GPU runs')."""
+    topo = TOPOLOGIES[{2: "b200x3", 3: "h100x4", 4: "h100x5"}[ranks]].model_copy(
+        update={"sequence_parallel": layout != "rep", "local_layers": layout == "sp_local"})
+    return session_config("57b", topo.model_dump(), dtype="bfloat16", model={"precision": precision})
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -73,7 +121,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_budget_57b.json")
     args = ap.parse_args()
     b = ROOT / "benchmarks"
-    runs = args.cpu_run or sorted([*b.glob("latency_cpu_ray_run*.json"), *b.glob("latency_cpu_ray_dec04*_run*.json")])
+    runs = args.cpu_run or sorted([*b.glob("latency_cpu_ray_run*.json"), *b.glob("latency_cpu_ray_dec0*_run*.json")])
     cpu_runs = [load(p) for p in runs]
     host_ins = [(r["split"]["agent_to_room_s"]["p50"] + r["split"]["boundary_s"]["p50"]) * 1e3 for r in cpu_runs]
     networks = [r["split"]["network_s"]["p50"] * 1e3 for r in cpu_runs]
@@ -102,22 +150,44 @@ def main() -> None:
         "onset_slack, audio_lead": f"ServiceConfig defaults ({onset_slack:g} ms, {service.audio_lead_ms:g} ms), "
                                    "as every CPU run's",
     }
+    fit = fit_collectives([load(b / "h200x2" / f) for f in COLLECTIVE_RUNS])
+    tp2 = load(b / "h200x2" / "tp_57b_2_all.json")["rows"]
+    sources["collectives_model"] = {
+        "runs": [f"benchmarks/h200x2/{f}" for f in COLLECTIVE_RUNS],
+        "fit": {op: {"alpha_us": round(f["alpha_ms"] * 1e3, 1), "bus_GBps": round(f["bytes_per_ms"] / 1e6, 1)}
+                for op, f in fit.items()},
+        "check_2_ranks": {
+            f"{layout} bf16 (model, ms)": round(collectives_ms(rank_session(2, layout, "bf16"), fit), 1)
+            for layout in ("rep", "sp")} | {
+            "rep bf16 (exposed in place, ms)": round(tp2["replicated"]["exposed_communication_ms"], 1),
+            "sp bf16 (exposed in place, ms)": round(tp2["sp_none"]["exposed_communication_ms"], 1),
+            "source": "benchmarks/h200x2/tp_57b_2_all.json"},
+    }
+    tp4_bf16 = float(load(b / "h200" / "step_57b_h100x5_rank.json")["modes"]["write_time"]["ms_p50"])
+    tp3_cudnn = fp8_row(b / "h200" / "step_57b_tp3_fp8_cudnn.json", "sp:fp8:fp8-cudnn")
+    tp4_cudnn = fp8_row(b / "h200" / "step_57b_tp4_fp8_cudnn.json", "sp:fp8:fp8-cudnn")
+    local = ("; the token-local layers whole (topology.local_layers): the same FLOPs a rank, its compute assumed "
+             "equal (not measured: its GEMMs take the rank's rows with whole weights)")
     topologies = [
-        ("4 + 1, bf16", float(load(b / "h200" / "step_57b_h100x5_rank.json")["modes"]["write_time"]["ms_p50"]),
+        ("4 + 1, bf16", tp4_bf16, rank_session(4, "sp", "bf16"),
          "benchmarks/h200/step_57b_h100x5_rank.json (write_time)"),
-        ("4 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp4_fp8.json", "sp:fp8:bf16"),
+        ("4 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp4_fp8.json", "sp:fp8:bf16"), rank_session(4, "sp"),
          "benchmarks/h200/step_57b_tp4_fp8.json (sp:fp8:bf16)"),
-        ("3 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:bf16"),
+        ("3 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp3_fp8.json", "sp:fp8:bf16"), rank_session(3, "sp"),
          "benchmarks/h200/step_57b_tp3_fp8.json (sp:fp8:bf16)"),
-        ("4 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp4_fp8_cudnn.json", "sp:fp8:fp8-cudnn"),
+        ("4 + 1, FP8 + cuDNN FP8 attn", tp4_cudnn, rank_session(4, "sp"),
          "benchmarks/h200/step_57b_tp4_fp8_cudnn.json (sp:fp8:fp8-cudnn)"),
-        ("3 + 1, FP8 + cuDNN FP8 attn", fp8_row(b / "h200" / "step_57b_tp3_fp8_cudnn.json", "sp:fp8:fp8-cudnn"),
+        ("3 + 1, FP8 + cuDNN FP8 attn", tp3_cudnn, rank_session(3, "sp"),
          "benchmarks/h200/step_57b_tp3_fp8_cudnn.json (sp:fp8:fp8-cudnn; the same code's runs and the code "
          "before: step_57b_tp3_ab.json)"),
+        ("4 + 1, FP8 + cuDNN, local layers", tp4_cudnn, rank_session(4, "sp_local"),
+         "benchmarks/h200/step_57b_tp4_fp8_cudnn.json (sp:fp8:fp8-cudnn)" + local),
+        ("3 + 1, FP8 + cuDNN, local layers", tp3_cudnn, rank_session(3, "sp_local"),
+         "benchmarks/h200/step_57b_tp3_fp8_cudnn.json (sp:fp8:fp8-cudnn)" + local),
     ]
     host_in, network = statistics.median(host_ins), statistics.median(networks)
     rows = []
-    for name, dit, source in topologies:
+    for name, dit, session, source in topologies:
         parts = {
             "agent_to_room_and_window_ms": host_in,
             "wait_for_dit_ms": dit_wait_ms(dit),
@@ -132,20 +202,31 @@ def main() -> None:
         total = sum(parts.values())
         rest_needs = rest + parts["publish_ms"]  # the other three frames, to the room
         rest_has = 1e3 / 24 + onset_slack  # before the first frame's audio has played out of the slack
+        comm = collectives_ms(session, fit)
+        total_est = total - parts["wait_for_dit_ms"] + dit_wait_ms(dit + comm) + comm
         rows.append({"topology": name, "dit_source": source, **{k: round(v, 1) for k, v in parts.items()},
                      "total_ms": round(total, 1), "target_ms": TARGET_MS, "met": total <= TARGET_MS,
                      "rest_ms": round(rest_needs, 1), "rest_due_ms": round(rest_has, 1),
-                     "rest_fits": rest_needs <= rest_has})
+                     "rest_fits": rest_needs <= rest_has,
+                     "collectives_est_ms": round(comm, 1), "dit_with_collectives_est_ms": round(dit + comm, 1),
+                     "real_time_est": dit + comm <= CHUNK_MS, "total_est_ms": round(total_est, 1),
+                     "met_est": total_est <= TARGET_MS and dit + comm <= CHUNK_MS,
+                     "collective_calls_per_chunk": sum(c.calls for c in chunk_collectives(session))})
     result = {"command": " ".join(["python", *sys.argv]), "definition": __doc__, "sources": sources, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    keys = [k for k in rows[0] if k.endswith("_ms") and k not in ("total_ms", "target_ms", "rest_ms", "rest_due_ms")]
-    print(f"{'57b, ms (p50)':<29}" + "".join(f"{k.removesuffix('_ms')[:12]:>13}" for k in keys) + f"{'total':>8}")
+    keys = [k for k in rows[0] if k.endswith("_ms") and k not in (
+        "total_ms", "target_ms", "rest_ms", "rest_due_ms", "collectives_est_ms", "dit_with_collectives_est_ms",
+        "total_est_ms")]
+    print(f"{'57b, ms (p50)':<34}" + "".join(f"{k.removesuffix('_ms')[:12]:>13}" for k in keys)
+          + f"{'floor':>8}{'+ coll.':>9}{'DiT+coll.':>10}{'est.':>8}")
     for r in rows:
-        print(f"{r['topology']:<29}" + "".join(f"{r[k]:>13.1f}" for k in keys)
-              + f"{r['total_ms']:>8.1f}" + ("" if r["met"] else "  > 350")
+        print(f"{r['topology']:<34}" + "".join(f"{r[k]:>13.1f}" for k in keys)
+              + f"{r['total_ms']:>8.1f}{r['collectives_est_ms']:>9.1f}{r['dit_with_collectives_est_ms']:>10.1f}"
+              + f"{r['total_est_ms']:>8.1f}" + ("" if r["met_est"] else "  > 350 or not real time")
               + f"   rest {r['rest_ms']:.1f} ms, due within {r['rest_due_ms']:.1f}"
               + ("" if r["rest_fits"] else " (LATE)"))
+    print(f"collectives model (2 ranks, in place): {sources['collectives_model']['check_2_ranks']}")
     print(f"-> {args.out}")
 
 

@@ -80,8 +80,9 @@ def test_collectives_over_nccl_equal_the_whole(tokens: int, tmp_path) -> None:
             torch.testing.assert_close(mine[:, :hi - lo], row[:, lo:hi], atol=0.1, rtol=0.02)
 
 
-def _cfg(overlap: str = "none", sp: bool = True):  # type: ignore[no-untyped-def]
-    topo = {"name": "tp2", "dit_ranks": 1, "decoder_gpus": 0, "tp_overlap": overlap, "sequence_parallel": sp}
+def _cfg(overlap: str = "none", sp: bool = True, local: bool = False):  # type: ignore[no-untyped-def]
+    topo = {"name": "tp2", "dit_ranks": 1, "decoder_gpus": 0, "tp_overlap": overlap, "sequence_parallel": sp,
+            "local_layers": local}
     return session_config("tiny", topo, seed=9, dtype="float32", model={"dit": {"num_layers": 2}})
 
 
@@ -94,17 +95,18 @@ def _session(runner: DiTRunner) -> list[torch.Tensor]:
             for _ in range(3)]
 
 
-def _session_rank(rank: int, device: torch.device, overlap: str, sp: bool, out_path: str) -> None:
-    runner = DiTRunner(_cfg(overlap, sp), device=device, group=dist.group.WORLD, rank=rank, ranks=RANKS,
+def _session_rank(rank: int, device: torch.device, overlap: str, sp: bool, local: bool, out_path: str) -> None:
+    runner = DiTRunner(_cfg(overlap, sp, local), device=device, group=dist.group.WORLD, rank=rank, ranks=RANKS,
                        attention_backend="sdpa")
     torch.save(_session(runner), f"{out_path}.{rank}")
 
 
-@pytest.mark.parametrize(("overlap", "sp"), [(o, True) for o in OVERLAPS] + [("none", False)])
-def test_tp2_session_over_nccl_equals_one_gpu(overlap: str, sp: bool, tmp_path) -> None:
+@pytest.mark.parametrize(("overlap", "sp", "local"),
+                         [(o, True, False) for o in OVERLAPS] + [("none", False, False), ("none", True, True)])
+def test_tp2_session_over_nccl_equals_one_gpu(overlap: str, sp: bool, local: bool, tmp_path) -> None:
     expected = _session(DiTRunner(_cfg(), device="cuda:0", attention_backend="sdpa"))
     torch.cuda.synchronize()
-    _spawn(_session_rank, overlap, sp, str(tmp_path / "out"))
+    _spawn(_session_rank, overlap, sp, local, str(tmp_path / "out"))
     for rank in range(RANKS):
         for a, b in zip(torch.load(tmp_path / f"out.{rank}"), expected, strict=True):
             torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)

@@ -198,6 +198,33 @@ def test_fp8_cross_attention_kernel_path_is_the_steps_path() -> None:
     assert rel_err(outs[1], outs[0]) < 2 * E4M3_REL
 
 
+def test_fp8_cross_attention_kept_whole_runs_a_ranks_rows_frame_by_frame() -> None:
+    """Under `local_layers` a rank's audio cross-attention (all heads, whole weights) runs on its own rows only, one
+    run per frame they touch, the FP8 kernel path's e4m3 outputs joined: rank r's rows of the whole layer's output,
+    for each rank of 3 over two frames whose boundary falls inside rank 1's rows (and padding on rank 2's)."""
+    from characters.tp import TokenShards
+
+    runner = _runner("fp8", model={"dit": {"num_layers": 1}})
+    cross = runner.dit.blocks[0].cross_attn  # type: ignore[union-attr]
+    cross.ops = ElementwiseOps(True, fp8=True, row_kernels=True)
+    m = runner.cfg.model
+    tokens, ranks = 2 * m.tokens_per_frame, 3  # 374 tokens, 125 rows a rank
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, tokens, m.dit.dim, generator=g)  # (B, T, D): two latent frames
+    ctx = torch.randn(1, 2, m.audio_tokens_per_latent, m.dit.cross_dim, generator=g)  # (B, nF, A, Dc)
+    with torch.inference_mode():
+        whole = cross(x, ctx)  # (B, T, D)
+    for rank in range(ranks):
+        shards = TokenShards(rank, ranks, None, communicate=False)
+        shards.begin(tokens)
+        cross.rows = shards
+        with torch.inference_mode():
+            mine = cross(shards.split(x), ctx)  # (B, m, D)
+        lo, hi = min(rank * shards.rows, tokens), min((rank + 1) * shards.rows, tokens)
+        assert mine.shape == (1, shards.rows, m.dit.dim) and len(shards.frame_segments(2)) == (2 if rank == 1 else 1)
+        torch.testing.assert_close(mine[:, :hi - lo], whole[:, lo:hi])
+
+
 def test_fp8_kv_cache_is_half_the_memory() -> None:
     m = model_preset("tiny", attention_precision="fp8")
     fp8 = KVCache(m, local_heads=4, device="cpu", dtype=torch.bfloat16)
@@ -276,12 +303,13 @@ def test_bf16_checkpoint_is_quantised_at_load(tmp_path: Path) -> None:
     assert torch.equal(fp8.dit.blocks[1].fc2.weight_scale, s)  # type: ignore[union-attr]
 
 
-def _tp_rank(rank: int, ranks: int, directory: str, sp: bool, out: str) -> None:
+def _tp_rank(rank: int, ranks: int, directory: str, layout: str, out: str) -> None:
     cfg = json.loads(Path(directory, "cfg.json").read_text())
     from characters.config import SessionConfig
 
     session = SessionConfig.model_validate(cfg)
-    session = session.model_copy(update={"topology": session.topology.model_copy(update={"sequence_parallel": sp})})
+    topology = {"sequence_parallel": layout != "rep", "local_layers": layout == "sp_local"}
+    session = session.model_copy(update={"topology": session.topology.model_copy(update=topology)})
     runner = DiTRunner(session, group=dist.group.WORLD, rank=rank, ranks=ranks, emulate_fp8=True)
     torch.save(_session(runner, 3), f"{out}.{rank}")
 
@@ -297,18 +325,19 @@ def _bootstrap(rank: int, ranks: int, port: int, *args: object) -> None:
         leave(wait=done)
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_fp8_tensor_parallel_from_an_fp8_checkpoint(tmp_path: Path, sp: bool) -> None:
-    """Two gloo ranks load their slices of an FP8 checkpoint (weights and per-channel scales) and run a session.
-    Row-parallel inputs are quantised per token over each rank's own slice (finer groups than one rank's whole
-    row), so the split session is not bit-equal to the one-rank FP8 session: it is within quantisation noise of it
-    (1.4% measured; a mis-sliced weight or scale is off by ~100%)."""
+@pytest.mark.parametrize("layout", ["rep", "sp", "sp_local"])
+def test_fp8_tensor_parallel_from_an_fp8_checkpoint(tmp_path: Path, layout: str) -> None:
+    """Two gloo ranks load their slices of an FP8 checkpoint (weights and per-channel scales) and run a session:
+    every token on every rank, sequence parallel, and sequence parallel with the token-local layers whole (those
+    load whole). Row-parallel inputs are quantised per token over each rank's own slice (finer groups than one
+    rank's whole row), so the split session is not bit-equal to the one-rank FP8 session: it is within quantisation
+    noise of it (1.4% measured; a mis-sliced weight or scale is off by ~100%)."""
     saved = _fp8_checkpoint(tmp_path)
     cfg = saved.cfg.model_copy(update={"weights": str(tmp_path)})
     (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
     one = _session(DiTRunner(cfg, emulate_fp8=True), 3)
     out = str(tmp_path / "out")
-    mp.spawn(_bootstrap, args=(2, free_port(), str(tmp_path), sp, out), nprocs=2, join=True)
+    mp.spawn(_bootstrap, args=(2, free_port(), str(tmp_path), layout, out), nprocs=2, join=True)
     for rank in range(2):
         split = torch.load(f"{out}.{rank}")
         for a, b in zip(one, split, strict=True):

@@ -20,23 +20,28 @@ from characters.tp import TokenShards
 CHUNKS = 5
 
 
-def _topology(sequence_parallel: bool) -> dict[str, object]:
+def _topology(sequence_parallel: bool, local_layers: bool = False) -> dict[str, object]:
     # the rank count comes from DiTRunner's `ranks`; the topology carries the parallelism options. float32 GEMMs on
     # one rank too (`cpu_matmul`: bf16 ones serve one rank only, and round otherwise than the ranks' split GEMMs)
     return {"name": "cpu", "dit_ranks": 1, "decoder_gpus": 0, "sequence_parallel": sequence_parallel,
-            "cpu_matmul": "float32"}
+            "local_layers": local_layers, "cpu_matmul": "float32"}
 
 
-def _cfg(sequence_parallel: bool = True):  # type: ignore[no-untyped-def]
-    # 6 heads split over 2 and 3 ranks; over 4, tiny's own 4 heads (`_cfg_for`)
-    return session_config("tiny", _topology(sequence_parallel), seed=9,
-                          model={"dit": {"num_layers": 2, "num_heads": 6}})
+def _cfg(sequence_parallel: bool = True, local_layers: bool = False, frames: int = 1):  # type: ignore[no-untyped-def]
+    # 6 heads split over 2 and 3 ranks; over 4, tiny's own 4 heads (`_cfg_for`). `frames`: latent frames per chunk
+    # (the audio cross-attention is per frame: > 1 puts frame boundaries inside a rank's rows)
+    model: dict[str, object] = {"dit": {"num_layers": 2, "num_heads": 6}}
+    if frames > 1:
+        model["generation"] = {"latent_frames_per_chunk": frames, "window_latent_frames": 2 * frames}
+    return session_config("tiny", _topology(sequence_parallel, local_layers), seed=9, model=model)
 
 
-def _cfg_for(ranks: int, sequence_parallel: bool = True):  # type: ignore[no-untyped-def]
-    cfg = _cfg(sequence_parallel)
+def _cfg_for(ranks: int, sequence_parallel: bool = True, local_layers: bool = False,
+             frames: int = 1):  # type: ignore[no-untyped-def]
+    cfg = _cfg(sequence_parallel, local_layers, frames)
     if cfg.model.dit.num_heads % ranks:
-        cfg = session_config("tiny", _topology(sequence_parallel), seed=9, model={"dit": {"num_layers": 2}})
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"dit": cfg.model.dit.model_copy(update={"num_heads": 4})})})
     return cfg
 
 
@@ -70,27 +75,31 @@ def _bootstrap(rank: int, fn: Callable[..., None], ranks: int, port: int, *args:
     assert released, f"rank {rank}: the process group outlived destroy_process_group (see characters.process_group)"
 
 
-def _session_rank(rank: int, ranks: int, sp: bool, overlap: str, switch_at: int | None, out_path: str) -> None:
-    runner = DiTRunner(_cfg_for(ranks, sp), group=dist.group.WORLD, rank=rank, ranks=ranks,
+def _session_rank(rank: int, ranks: int, sp: bool, overlap: str, switch_at: int | None, local: bool, frames: int,
+                  out_path: str) -> None:
+    runner = DiTRunner(_cfg_for(ranks, sp, local, frames), group=dist.group.WORLD, rank=rank, ranks=ranks,
                        tp_overlap=overlap)  # type: ignore[arg-type]
     torch.save(_session(runner, switch_at), f"{out_path}.{rank}")
 
 
-
-
-@pytest.mark.parametrize(("ranks", "sp", "overlap", "switch_at"), [
-    (2, False, "none", None),  # all-reduce after the row layers, every rank holds every token
-    (2, True, "none", None),
-    (2, True, "ring", None),
-    (3, True, "ring", None),
-    (4, True, "none", None),
-    (4, True, "ring", None),
-    (3, True, "none", 2),  # switched to the ring between chunks 1 and 2
+@pytest.mark.parametrize(("ranks", "sp", "overlap", "switch_at", "local", "frames"), [
+    (2, False, "none", None, False, 1),  # all-reduce after the row layers, every rank holds every token
+    (2, True, "none", None, False, 1),
+    (2, True, "ring", None, False, 1),
+    (3, True, "ring", None, False, 1),
+    (4, True, "none", None, False, 1),
+    (4, True, "ring", None, False, 1),
+    (3, True, "none", 2, False, 1),  # switched to the ring between chunks 1 and 2
+    # the MLP and the audio cross-attention kept whole on each rank's own tokens (T = 187: 3 and 4 ranks pad)
+    (2, True, "none", None, True, 1),
+    (3, True, "ring", None, True, 1),
+    (4, True, "none", None, True, 1),
+    (3, True, "none", None, True, 2),  # two frames a chunk (T = 374): rank 1's rows hold both frames' tokens
 ])
-def test_tensor_parallel_equals_single_rank(ranks: int, sp: bool, overlap: str, switch_at: int | None,
-                                            tmp_path) -> None:
-    expected = _session(DiTRunner(_cfg_for(ranks)))
-    _spawn(_session_rank, ranks, sp, overlap, switch_at, str(tmp_path / "out"))
+def test_tensor_parallel_equals_single_rank(ranks: int, sp: bool, overlap: str, switch_at: int | None, local: bool,
+                                            frames: int, tmp_path) -> None:
+    expected = _session(DiTRunner(_cfg_for(ranks, frames=frames)))
+    _spawn(_session_rank, ranks, sp, overlap, switch_at, local, frames, str(tmp_path / "out"))
     for rank in range(ranks):
         got = torch.load(tmp_path / f"out.{rank}")
         for a, b in zip(got, expected, strict=True):
@@ -265,3 +274,110 @@ def test_a_row_layer_writes_its_padded_output_in_place(fp8: bool, tokens: int, b
     assert (padded is None) == (tokens % ranks == 0 or batch > 1)
     if padded is not None:
         assert padded.shape == (1, ranks * m, 20) and not padded[:, tokens:].any()
+
+
+# ---------------------------------------------------------------- token-local layers kept whole
+
+def test_local_layers_keep_the_token_local_layers_whole_and_split_self_attention() -> None:
+    runner = DiTRunner(_cfg_for(4, local_layers=True), rank=1, ranks=4, communicate=False)
+    block = runner.dit.blocks[0]
+    assert block.self_attn.num_heads == 1 and block.self_attn.qkv.weight.shape == (3 * 48, 192)  # split as before
+    assert block.fc1.weight.shape == (768, 192) and block.fc2.weight.shape == (192, 768)  # whole
+    cross = block.cross_attn
+    assert cross.num_heads == 4 and cross.q.weight.shape == cross.o.weight.shape == (192, 192)
+    assert cross.kv.weight.shape == (2 * 192, 192)
+    assert cross.rows is runner.dit.shards and all(m.kept_whole for m in (block.fc1, block.fc2, cross.q, cross.o))
+    assert not block.self_attn.qkv.kept_whole and block.fc1.shards is None and block.self_attn.qkv.shards is not None
+
+
+def _collectives_per_forward(local: bool) -> tuple[int, int]:
+    """All-gathers and reduce-scatters one rank's forward calls (built without communication: the calls are the
+    same, each gather filling only this rank's rows)."""
+    runner = DiTRunner(_cfg_for(4, local_layers=local), rank=1, ranks=4, communicate=False)
+    shards = runner.dit.shards
+    assert shards is not None
+    calls = {"gather": 0, "reduce_scatter": 0}
+    for name in calls:
+        method = getattr(shards, name)
+
+        def counted(*a: object, _name: str = name, _method: Callable[..., torch.Tensor] = method) -> torch.Tensor:
+            calls[_name] += 1
+            return _method(*a)
+
+        setattr(shards, name, counted)
+    h, w = runner.cfg.model.latent_hw
+    runner.start(torch.randn(1, runner.cfg.model.dit.latent_channels, h, w))
+    calls.update(gather=0, reduce_scatter=0)  # the reference frame's pass aside: one chunk's
+    runner.step(np.zeros(runner.frontend.expected_samples, dtype=np.float32))
+    return calls["gather"], calls["reduce_scatter"]
+
+
+def test_local_layers_leave_only_self_attention_communicating() -> None:
+    """Per block: 3 all-gathers and 3 reduce-scatters split (self-attention, audio cross-attention, MLP), 1 and 1
+    with the token-local layers whole; plus the head's gather of the output, per pass. `chunk_collectives` (what
+    the latency budget's estimate counts) lists the same calls."""
+    from characters.flops import chunk_collectives
+
+    layers = _cfg_for(4).model.dit.num_layers
+    split, whole = _collectives_per_forward(False), _collectives_per_forward(True)
+    passes = split[1] // (3 * layers)
+    assert passes >= 1 and split == (passes * (3 * layers + 1), passes * 3 * layers)
+    assert whole == (passes * (layers + 1), passes * layers)
+    for local, counted in ((False, split), (True, whole)):
+        cfg = _cfg_for(4, local_layers=local)
+        listed = chunk_collectives(cfg.model_copy(update={"topology": cfg.topology.model_copy(
+            update={"dit_ranks": 4})}))
+        assert tuple(sum(c.calls for c in listed if c.op == op) for op in ("all_gather", "reduce_scatter")) == counted
+        t, d = cfg.model.tokens_per_chunk, cfg.model.dit.dim
+        assert {c.bytes for c in listed if c.op == "reduce_scatter"} == {t * d * 4}  # (T, D) float32, whole
+
+
+@pytest.mark.parametrize(("tokens", "ranks", "frames", "expected"), [
+    (12, 3, 1, [[(0, 4, 0)], [(0, 4, 0)], [(0, 4, 0)]]),
+    (12, 3, 2, [[(0, 4, 0)], [(0, 2, 0), (2, 4, 1)], [(0, 4, 1)]]),
+    (10, 4, 2, [[(0, 3, 0)], [(0, 2, 0), (2, 3, 1)], [(0, 3, 1)], [(0, 3, 1)]]),  # rank 3: 1 row + 2 of padding
+    (3, 4, 3, [[(0, 1, 0)], [(0, 1, 1)], [(0, 1, 2)], [(0, 1, 2)]]),  # rank 3: padding only
+    (12, 2, 4, [[(0, 3, 0), (3, 6, 1)], [(0, 3, 2), (3, 6, 3)]]),
+])
+def test_frame_segments_cover_each_ranks_rows_in_frame_runs(tokens: int, ranks: int, frames: int,
+                                                             expected: list[list[tuple[int, int, int]]]) -> None:
+    for rank in range(ranks):
+        shards = TokenShards(rank, ranks, None, communicate=False)
+        shards.begin(tokens)
+        assert shards.frame_segments(frames) == expected[rank]
+
+
+def test_frame_segments_refuse_tokens_that_do_not_split_into_frames() -> None:
+    shards = TokenShards(0, 2, None, communicate=False)
+    shards.begin(10)
+    with pytest.raises(ValueError, match="T=10 tokens do not split into 3 frames"):
+        shards.frame_segments(3)
+
+
+def test_local_layers_need_sequence_parallelism() -> None:
+    with pytest.raises(ValueError, match=r"local_layers=true needs topology\.sequence_parallel=true"):
+        _cfg_for(2, sequence_parallel=False, local_layers=True)
+    from characters.dit import CausalDiT
+    from characters.tp import apply_tensor_parallel
+
+    with torch.device("meta"), pytest.raises(ValueError, match=r"local_layers .* needs sequence_parallel=True"):
+        apply_tensor_parallel(CausalDiT(_cfg_for(2).model), rank=0, size=2, communicate=False, local_layers=True)
+
+
+def test_local_layers_load_the_whole_checkpoint_not_a_rank_shard(tmp_path) -> None:
+    """Shard files hold 1/n of every split layer; a model keeping the token-local layers whole reads their whole
+    weights from dit.safetensors, and says what to do when the checkpoint has only shards."""
+    from characters.weights import save_dit_shards, save_weights
+
+    whole = DiTRunner(_cfg_for(2))
+    save_dit_shards(whole.dit, tmp_path, 2)
+    save_weights(whole.audio_encoder, tmp_path / "audio.safetensors")
+    cfg = _cfg_for(2, local_layers=True).model_copy(update={"weights": str(tmp_path), "seed": 5})
+    with pytest.raises(FileNotFoundError, match=r"no dit\.safetensors: topology\.local_layers keeps the MLP"):
+        DiTRunner(cfg, rank=1, ranks=2, communicate=False)
+    save_weights(whole.dit, tmp_path / "dit.safetensors")
+    loaded = DiTRunner(cfg, rank=1, ranks=2, communicate=False)  # seed 5: weights unlike the seeded ones
+    block, ref = loaded.dit.blocks[1], whole.dit.blocks[1]
+    torch.testing.assert_close(block.fc1.weight, ref.fc1.weight)  # whole
+    torch.testing.assert_close(block.cross_attn.o.weight, ref.cross_attn.o.weight)
+    torch.testing.assert_close(block.self_attn.o.weight, ref.self_attn.o.weight[:, 96:])  # rank 1's half
