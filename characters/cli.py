@@ -12,7 +12,7 @@ from characters.config import MODEL_PRESETS, TOPOLOGIES, explain, session_config
 
 
 def _presets(_: argparse.Namespace) -> int:
-    from characters.flops import H200_BF16_RATE, H200_FP8_RATE, chunk_cost
+    from characters.flops import H200_BF16_RATE, H200_FP8_RATE, chunk_collectives, chunk_cost
 
     budget = 1000 * 4 / 24  # ms per 4-frame chunk at 24 fps
     print(f"{'preset':<9} {'params':>8} {'resolution':>10} {'tok/chunk':>9} {'keys':>6} {'steps':>5} "
@@ -37,6 +37,19 @@ def _presets(_: argparse.Namespace) -> int:
           f"budget {budget:.1f} ms per chunk")
     print("measured 57b rank steps (benchmarks/h200/step_57b_tp*_fp8.json, communication excluded, sequence "
           "parallel): h100x4 (3 + 1) bf16 205.0 ms, FP8 151.4 ms; h100x5 (4 + 1) bf16 156.3, FP8 116.0 ms")
+    print("57b, sequence parallel in FP8, per rank: parameters and collectives a chunk, every layer split -> the "
+          "token-local layers whole (topology.local_layers)")
+    for topo in ("h100x4", "h100x5"):
+        rows = []
+        for local in (False, True):
+            t = TOPOLOGIES[topo].model_copy(update={"sequence_parallel": True, "local_layers": local})
+            cfg = session_config("57b", t.model_dump(), dtype="bfloat16", model={"precision": "fp8"})
+            calls = chunk_collectives(cfg)
+            rows.append((chunk_cost(cfg).params_per_rank / 1e9, sum(c.calls for c in calls),
+                         sum(c.calls * c.bytes for c in calls) / 1e9))
+        (p0, n0, b0), (p1, n1, b1) = rows
+        print(f"  {topo}: {p0:.1f} B -> {p1:.1f} B parameters, {n0} -> {n1} calls, "
+              f"{b0:.1f} -> {b1:.1f} GB of tensors (whole)")
     return 0
 
 
