@@ -272,6 +272,10 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
         status, runway_view = served.request("GET", f"/v1/realtime_sessions/{sid}")
     finally:
         stop_worker(worker, log)
+    stats = ended["stats"]
+    print(f"voice agent: the session generated {stats['frames']} frames in {stats['chunks']} chunks, "
+          f"{stats['lateChunks']} late; generated {stats['fps']:.2f} fps over its last seconds, presented "
+          f"{stats['presentedFps']:.2f}")
     print(f"voice agent: character joined {got['joined_s']:.1f} s after dispatch, its first frame "
           f"{-got['first_frame_s']:.2f} s before its first speech ({got['black']} black frames); "
           f"{got['fps']:.1f} fps; lip sync "
@@ -286,6 +290,12 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
     assert "(interrupted)" in log.read_text(), "the agent's speech handle was not interrupted"
     assert ended["reason"] == "end_call", ended
     assert status == 200 and runway_view["status"] == "COMPLETED" and runway_view["duration"] > 0, runway_view
+    # generated frames, not presented ones (a late chunk's held repeats count in presentedFps only): the session kept
+    # its clock beside the agent, the watcher and the rest of the suite's processes on the same cores. Alone: 0 late
+    # of 84-85 chunks in each of three runs; the issue's acceptance (0 in 60 s, >= 23.5 fps at the viewer) is the
+    # README flow's (benchmarks/voice_agent_flow_cpu.json). Two allowed here, under the suite's load; at issue 18's
+    # start 135-175 of 205-230 chunks were late.
+    assert stats["chunks"] >= 60 and stats["lateChunks"] <= 2, stats
 
 
 def test_the_plugins_delete_fallback_cancels_and_the_character_leaves(served: Served) -> None:
