@@ -381,3 +381,24 @@ def test_local_layers_load_the_whole_checkpoint_not_a_rank_shard(tmp_path) -> No
     torch.testing.assert_close(block.fc1.weight, ref.fc1.weight)  # whole
     torch.testing.assert_close(block.cross_attn.o.weight, ref.cross_attn.o.weight)
     torch.testing.assert_close(block.self_attn.o.weight, ref.self_attn.o.weight[:, 96:])  # rank 1's half
+
+
+def test_a_rank_reads_its_slices_of_the_whole_checkpoint_and_refuses_one_of_another_shape(tmp_path) -> None:
+    """Without shard files each rank cuts its slices from dit.safetensors, one tensor at a time; a checkpoint of
+    another width is refused naming the tensors (not a shape error from deep inside PyTorch)."""
+    from characters.weights import save_weights
+
+    whole = DiTRunner(_cfg_for(2))
+    save_weights(whole.dit, tmp_path / "dit.safetensors")
+    save_weights(whole.audio_encoder, tmp_path / "audio.safetensors")
+    rank = DiTRunner(_cfg_for(2).model_copy(update={"weights": str(tmp_path), "seed": 5}), rank=1, ranks=2,
+                     communicate=False)
+    torch.testing.assert_close(rank.dit.blocks[0].fc1.weight, whole.dit.blocks[0].fc1.weight[384:])
+    torch.testing.assert_close(rank.dit.blocks[0].fc2.weight, whole.dit.blocks[0].fc2.weight[:, 384:])
+    wider = _cfg_for(2)
+    wider = wider.model_copy(update={"model": wider.model.model_copy(
+        update={"dit": wider.model.dit.model_copy(update={"ffn_dim": 1536})})})
+    save_weights(DiTRunner(wider).dit, tmp_path / "dit.safetensors")
+    refusal = r"do not fit the model: .* wrong shapes .*'blocks\.0\.fc1\.weight \(768, 192\) for \(384, 192\)'"
+    with pytest.raises(ValueError, match=refusal):
+        DiTRunner(_cfg_for(2).model_copy(update={"weights": str(tmp_path)}), rank=1, ranks=2, communicate=False)
