@@ -248,15 +248,16 @@ class AudioCrossAttention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(self.head_dim))
         self.k_norm = nn.Parameter(torch.ones(self.head_dim))
         self.o = ParallelLinear(dim, dim, "row", token_local=True)
-        self.rows: TokenShards | None = None  # kept whole: this rank's rows of the token split (their frames)
+        self.local_shards: TokenShards | None = None  # kept whole: the token split (this rank's rows, their frames)
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         q = self.q(x)  # (B, T, Hh*Dh): every token (x may hold only this rank's); kept whole: (B, m, H*Dh)
         kv = self.kv(ctx)  # (B, nF, A, 2*Hh*Dh)
-        if self.rows is None:
+        if self.local_shards is None:
             return self.o(self._attend(q, kv))  # (B, T, D)
         # kept whole: the rank's m rows, frame by frame (one run per frame its rows touch; one at 57b's one frame)
-        parts = [self._attend(q[:, lo:hi], kv[:, f:f + 1]) for lo, hi, f in self.rows.frame_segments(kv.shape[1])]
+        runs = self.local_shards.frame_segments(kv.shape[1])
+        parts = [self._attend(q[:, lo:hi], kv[:, f:f + 1]) for lo, hi, f in runs]
         if len(parts) == 1:
             return self.o(parts[0])  # (B, m, D)
         if isinstance(parts[0], Fp8Act):

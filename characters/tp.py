@@ -413,7 +413,7 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
     that declares one (the model splits and gathers its tokens through it); `overlap` picks its
     collectives. `local_layers` (sequence parallel only): token-local layers (``token_local``) stay whole
     and run on the rank's own tokens; a token-local module with heads keeps all of them and gets the token
-    split as its `rows` (its tokens' frames). `communicate=False` builds one rank's share with no collectives
+    split as its `local_shards` (its rows' frames). `communicate=False` builds one rank's share with no collectives
     (benchmarks of a rank's compute alone). Building the model on the ``meta`` device first and sharding
     before materialising keeps memory to one rank's share.
     """
@@ -432,7 +432,7 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
             if isinstance(module, ParallelLinear):
                 module.kept_whole = True
             else:
-                setattr(module, "rows", shards)  # noqa: B010 (a token-local module reads its rows' frames)
+                setattr(module, "local_shards", shards)  # noqa: B010 (a token-local module reads its rows' frames)
             continue  # whole weights, all heads
         if isinstance(module, ParallelLinear):
             module.shard_(rank, size, group, communicate, shards)

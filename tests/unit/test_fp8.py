@@ -217,7 +217,7 @@ def test_fp8_cross_attention_kept_whole_runs_a_ranks_rows_frame_by_frame() -> No
     for rank in range(ranks):
         shards = TokenShards(rank, ranks, None, communicate=False)
         shards.begin(tokens)
-        cross.rows = shards
+        cross.local_shards = shards
         with torch.inference_mode():
             mine = cross(shards.split(x), ctx)  # (B, m, D)
         lo, hi = min(rank * shards.rows, tokens), min((rank + 1) * shards.rows, tokens)

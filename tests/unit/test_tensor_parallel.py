@@ -286,7 +286,8 @@ def test_local_layers_keep_the_token_local_layers_whole_and_split_self_attention
     cross = block.cross_attn
     assert cross.num_heads == 4 and cross.q.weight.shape == cross.o.weight.shape == (192, 192)
     assert cross.kv.weight.shape == (2 * 192, 192)
-    assert cross.rows is runner.dit.shards and all(m.kept_whole for m in (block.fc1, block.fc2, cross.q, cross.o))
+    assert cross.local_shards is runner.dit.shards
+    assert all(m.kept_whole for m in (block.fc1, block.fc2, cross.q, cross.kv, cross.o))
     assert not block.self_attn.qkv.kept_whole and block.fc1.shards is None and block.self_attn.qkv.shards is not None
 
 
