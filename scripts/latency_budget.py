@@ -166,8 +166,9 @@ def main() -> None:
     tp4_bf16 = float(load(b / "h200" / "step_57b_h100x5_rank.json")["modes"]["write_time"]["ms_p50"])
     tp3_cudnn = fp8_row(b / "h200" / "step_57b_tp3_fp8_cudnn.json", "sp:fp8:fp8-cudnn")
     tp4_cudnn = fp8_row(b / "h200" / "step_57b_tp4_fp8_cudnn.json", "sp:fp8:fp8-cudnn")
-    local = ("; the token-local layers whole (topology.local_layers): the same FLOPs a rank, its compute assumed "
-             "equal (not measured: its GEMMs take the rank's rows with whole weights)")
+    local = ("; the token-local layers whole (topology.local_layers), the rank's compute measured beside the split "
+             "rank's in the same run ({} ms there)")
+    local_runs = {n: b / "h200" / f"step_57b_tp{n}_local.json" for n in (3, 4)}
     topologies = [
         ("4 + 1, bf16", tp4_bf16, rank_session(4, "sp", "bf16"),
          "benchmarks/h200/step_57b_h100x5_rank.json (write_time)"),
@@ -180,10 +181,9 @@ def main() -> None:
         ("3 + 1, FP8 + cuDNN FP8 attn", tp3_cudnn, rank_session(3, "sp"),
          "benchmarks/h200/step_57b_tp3_fp8_cudnn.json (sp:fp8:fp8-cudnn; the same code's runs and the code "
          "before: step_57b_tp3_ab.json)"),
-        ("4 + 1, FP8 + cuDNN, local layers", tp4_cudnn, rank_session(4, "sp_local"),
-         "benchmarks/h200/step_57b_tp4_fp8_cudnn.json (sp:fp8:fp8-cudnn)" + local),
-        ("3 + 1, FP8 + cuDNN, local layers", tp3_cudnn, rank_session(3, "sp_local"),
-         "benchmarks/h200/step_57b_tp3_fp8_cudnn.json (sp:fp8:fp8-cudnn)" + local),
+        *((f"{n} + 1, FP8 + cuDNN, local layers", fp8_row(local_runs[n], "spl:fp8:fp8-cudnn"),
+           rank_session(n, "sp_local"), f"benchmarks/h200/step_57b_tp{n}_local.json (spl:fp8:fp8-cudnn)"
+           + local.format(round(fp8_row(local_runs[n], "sp:fp8:fp8-cudnn"), 1))) for n in (4, 3)),
     ]
     host_in, network = statistics.median(host_ins), statistics.median(networks)
     rows = []
