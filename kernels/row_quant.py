@@ -3,8 +3,8 @@
 Each of these steps ends in the next linear layer's per-token e4m3 quantisation (`kernels.fp8.quantize_rows_ref`),
 so it reduces over the whole row: the LayerNorm's moments, then the quantisation's amax. Inductor compiles them as
 looped reductions that read each row twice or more (at the 57b TP3 rank, 5.9 ms and 4.0 ms a chunk, several
-times the bytes' floor: docs/fp8.md). Here a program holds one whole row in registers: it reads its inputs once
-and writes its outputs once.
+times the bytes' floor: docs/fp8.md). Here a program holds one whole row in registers (as two power-of-two parts:
+`row_blocks`): it reads its inputs once and writes its outputs once.
 
     modulate            x            -> q(LN(x) * (1 + scale) + shift)
     add_modulate        x, y         -> x + y,        q(LN(x + y) * (1 + scale) + shift)
@@ -40,6 +40,7 @@ from kernels._triton import HAS_TRITON, check_triton_mode, interpreter_enabled, 
 from kernels.fp8 import FP8, quantize_rows_ref
 
 if HAS_TRITON:
+    import triton
     import triton.language as tl
 
     from kernels._triton import to_e4m3
@@ -111,51 +112,94 @@ def row_quant_ref(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = None,
     return new, act.data, act.scale
 
 
+def _gelu_tanh(x):
+    """gelu (tanh form) in float32: x * sigmoid(2u), u = sqrt(2/pi) * (x + 0.044715 x^3)."""
+    return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))  # 2 * sqrt(2 / pi)
+
+
+def _residual_part(x_ptr, y_ptr, gate_ptr, new_ptr, xo, yo, go, no, d, ok, MODE: tl.constexpr):
+    """One part of a row, float32: the norm's input. MODE != 0: the new residual, stored, and read as stored."""
+    x = tl.load(x_ptr + xo + d, mask=ok, other=0.0).to(tl.float32)
+    if MODE == 1:
+        x = x + tl.load(y_ptr + yo + d, mask=ok, other=0.0).to(tl.float32)
+    if MODE == 2 or MODE == 4:
+        y = tl.load(y_ptr + yo + d, mask=ok, other=0.0).to(tl.float32)
+        g = tl.load(gate_ptr + go + d, mask=ok, other=0.0).to(tl.float32)
+        x = x + g * y
+    if MODE != 0:
+        rounded = x.to(new_ptr.dtype.element_ty)
+        tl.store(new_ptr + no + d, rounded, mask=ok)
+        x = rounded.to(tl.float32)
+    return tl.where(ok, x, 0.0)
+
+
+def _affine_part(n, shift_ptr, scale_ptr, w_ptr, b_ptr, mo, d, ok, MODE: tl.constexpr):
+    """One part of a normalised row through its affine step: weight and bias (MODE 2), else the modulation."""
+    if MODE == 2:
+        h = n * tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32) + tl.load(b_ptr + d, mask=ok, other=0.0).to(
+            tl.float32)
+    else:
+        sh = tl.load(shift_ptr + mo + d, mask=ok, other=0.0).to(tl.float32)
+        sc = tl.load(scale_ptr + mo + d, mask=ok, other=0.0).to(tl.float32)
+        h = n * (1.0 + sc) + sh
+    return tl.where(ok, h, 0.0)
+
+
+if HAS_TRITON:  # helpers the kernel calls, in the mode of triton's import (as kernels._triton.to_e4m3)
+    _gelu_tanh = triton.jit(_gelu_tanh)
+    _residual_part = triton.jit(_residual_part)
+    _affine_part = triton.jit(_affine_part)
+
+
 def _row_quant_kernel(
     x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr,  # inputs (unused ones: any pointer)
     new_ptr, q_ptr, s_ptr,  # outputs: the new residual (B*T, D), e4m3 (B*T, D), scales (B*T,)
     T, D, s_xb, s_xt, s_yb, s_yt, s_mb, s_mt, s_gb, s_gt, eps,
-    MODE: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+    MODE: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    """A program per row, held in registers as two power-of-two parts: [0, BLOCK_A) and [BLOCK_A, BLOCK_A +
+    BLOCK_B), masked at D. BLOCK_A is the largest power of two <= D, so a width such as 9216 = 8192 + 1024 has no
+    masked lanes (one block of next_power_of_2(D) = 16384 left 44% of them idle)."""
     row = tl.program_id(0).to(tl.int64)
     b, t = row // T, row % T
-    d = tl.arange(0, BLOCK)
-    ok = d < D
-    x = tl.load(x_ptr + b * s_xb + t * s_xt + d, mask=ok, other=0.0).to(tl.float32)
-    if MODE == 3:  # gelu (tanh form): x * sigmoid(2u), u = sqrt(2/pi) * (x + 0.044715 x^3)
-        h = x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))  # 2 * sqrt(2 / pi)
+    da = tl.arange(0, BLOCK_A)
+    db = BLOCK_A + tl.arange(0, BLOCK_B)
+    oka, okb = da < D, db < D
+    xo = b * s_xb + t * s_xt
+    if MODE == 3:
+        ha = tl.where(oka, _gelu_tanh(tl.load(x_ptr + xo + da, mask=oka, other=0.0).to(tl.float32)), 0.0)
+        hb = tl.where(okb, _gelu_tanh(tl.load(x_ptr + xo + db, mask=okb, other=0.0).to(tl.float32)), 0.0)
     else:
-        if MODE == 1:
-            x = x + tl.load(y_ptr + b * s_yb + t * s_yt + d, mask=ok, other=0.0).to(tl.float32)
-        if MODE == 2 or MODE == 4:
-            y = tl.load(y_ptr + b * s_yb + t * s_yt + d, mask=ok, other=0.0).to(tl.float32)
-            g = tl.load(gate_ptr + b * s_gb + t * s_gt + d, mask=ok, other=0.0).to(tl.float32)
-            x = x + g * y
-        if MODE != 0:  # the new residual, stored; the norm reads it as stored
-            rounded = x.to(new_ptr.dtype.element_ty)
-            tl.store(new_ptr + row * D + d, rounded, mask=ok)
-            x = rounded.to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        xc = tl.where(ok, x - mean, 0.0)
-        n = xc * tl.rsqrt(tl.sum(xc * xc, axis=0) / D + eps)
-        if MODE == 2:
-            w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
-            bb = tl.load(b_ptr + d, mask=ok, other=0.0).to(tl.float32)
-            h = n * w + bb
-        else:
-            sh = tl.load(shift_ptr + b * s_mb + t * s_mt + d, mask=ok, other=0.0).to(tl.float32)
-            sc = tl.load(scale_ptr + b * s_mb + t * s_mt + d, mask=ok, other=0.0).to(tl.float32)
-            h = n * (1.0 + sc) + sh
-    h = tl.where(ok, h, 0.0)
-    scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / 448.0
-    tl.store(q_ptr + row * D + d, to_e4m3(h * (1.0 / scale), INTERPRET), mask=ok)
+        yo, go, no, mo = b * s_yb + t * s_yt, b * s_gb + t * s_gt, row * D, b * s_mb + t * s_mt
+        xa = _residual_part(x_ptr, y_ptr, gate_ptr, new_ptr, xo, yo, go, no, da, oka, MODE)
+        xb = _residual_part(x_ptr, y_ptr, gate_ptr, new_ptr, xo, yo, go, no, db, okb, MODE)
+        mean = (tl.sum(xa, axis=0) + tl.sum(xb, axis=0)) / D
+        ca = tl.where(oka, xa - mean, 0.0)
+        cb = tl.where(okb, xb - mean, 0.0)
+        rstd = tl.rsqrt((tl.sum(ca * ca, axis=0) + tl.sum(cb * cb, axis=0)) / D + eps)
+        ha = _affine_part(ca * rstd, shift_ptr, scale_ptr, w_ptr, b_ptr, mo, da, oka, MODE)
+        hb = _affine_part(cb * rstd, shift_ptr, scale_ptr, w_ptr, b_ptr, mo, db, okb, MODE)
+    amax = tl.maximum(tl.max(tl.abs(ha), axis=0), tl.max(tl.abs(hb), axis=0))
+    scale = tl.maximum(amax, 1e-12) / 448.0
+    inv = 1.0 / scale
+    tl.store(q_ptr + row * D + da, to_e4m3(ha * inv, INTERPRET), mask=oka)
+    tl.store(q_ptr + row * D + db, to_e4m3(hb * inv, INTERPRET), mask=okb)
     tl.store(s_ptr + row, scale)
 
 
-def _warps(mode: str, block: int) -> int:
-    """Warps per row, from `scripts/probe_row_quant.py` on an H200 at the 57b rank's rows (9216 and 8192 wide):
-    8 for most (4 and 16 within ~10%), 4 for gated_add_norm (33 us against 41 with 8), 4 below 8192 lanes."""
-    return 4 if mode in ("gated_add_norm", "gated_add_modulate") or block < 8192 else 8
+def row_blocks(d: int) -> tuple[int, int]:
+    """(BLOCK_A, BLOCK_B) of a row of width d: the largest power of two <= d, then the rest rounded up to one
+    (at least 16: a power-of-two width has an all-masked second part)."""
+    a = 1 << (d.bit_length() - 1)
+    return a, max(16, next_power_of_2(d - a))
+
+
+def _warps(d: int) -> int:
+    """Warps per row: up to ~96 float32 values a thread (4 warps to a width of 12288, 8 at 24576), from
+    `scripts/probe_row_quant.py` on an H200 (`benchmarks/h200/row_quant.json`): at 998 x 9216 the norms take 25-26 us
+    with 4 warps against 29-30 with 16; the GELU over 998 x 24576 31 us with 8 or 16 against 57 with 4."""
+    a, b = row_blocks(d)
+    return min(16, max(4, next_power_of_2((a + b) // 3072)))
 
 
 def _row_strides(t: torch.Tensor | None, n: int) -> tuple[int, int]:
@@ -178,7 +222,7 @@ def row_quant_triton(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = No
     new = torch.empty(b, n, d, device=x.device, dtype=x.dtype) if mode not in ("modulate", "gelu") else None
     q = torch.empty(b, n, d, device=x.device, dtype=FP8)
     s = torch.empty(b, n, 1, device=x.device, dtype=torch.float32)
-    block = next_power_of_2(d)
+    block_a, block_b = row_blocks(d)
     s_mb, s_mt = _row_strides(shift, n)
     if _row_strides(scale, n) != (s_mb, s_mt):
         raise ValueError("row_quant: shift and scale must have the same batch and token strides")
@@ -190,8 +234,8 @@ def row_quant_triton(mode: Mode, x: torch.Tensor, *, y: torch.Tensor | None = No
         scale if scale is not None else dummy, weight if weight is not None else dummy,
         bias if bias is not None else dummy, new if new is not None else dummy, q, s,
         n, d, x.stride(0), x.stride(1), *(y.stride()[:2] if y is not None else (0, 0)), s_mb, s_mt, s_gb, s_gt,
-        float(eps), MODE=_CODE[mode], BLOCK=block, INTERPRET=interpreter_enabled(),
-        num_warps=num_warps or _warps(mode, block),
+        float(eps), MODE=_CODE[mode], BLOCK_A=block_a, BLOCK_B=block_b, INTERPRET=interpreter_enabled(),
+        num_warps=num_warps or _warps(d),
     )
     return new, q, s
 

@@ -1,5 +1,6 @@
 """Probe: `kernels.row_quant`'s single-pass row kernels against Inductor's compiled FP8 steps, at the 57b rank's
-shapes (TP3 sequence parallel: 998 rows of 9216 for the norms, the GELU over 2992 x 8192; TP4: 748 and 6144).
+shapes (TP3 sequence parallel: 998 rows of 9216 for the norms, the GELU over 2992 x 8192; TP4: 748 and 6144; with
+`topology.local_layers` the GELU over the rank's rows at the whole width, 998 and 748 x 24576).
 
     python scripts/probe_row_quant.py --out benchmarks/h200/row_quant.json
 
@@ -27,7 +28,8 @@ from kernels.row_quant import Mode, row_quant_triton
 
 SHAPES: list[tuple[str, int, int]] = [("add_modulate", 998, 9216), ("gated_add_norm", 998, 9216),
                                       ("modulate", 998, 9216), ("gelu", 2992, 8192), ("add_modulate", 748, 9216),
-                                      ("gelu", 2992, 6144)]
+                                      ("gelu", 2992, 6144), ("gated_add_modulate", 998, 9216),
+                                      ("gelu", 998, 24576), ("gelu", 748, 24576)]  # the last two: local_layers
 WARPS = (4, 8, 16, 32)
 HBM_BYTES_PER_S = 4.8e12
 
@@ -65,18 +67,22 @@ def probe(mode: Mode, rows: int, d: int) -> dict[str, Any]:
     w, b = (torch.randn(d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in "wb")
     kw: dict[str, Any] = {"modulate": {"shift": mod[:, :, 0], "scale": mod[:, :, 1]},
                           "add_modulate": {"y": y, "shift": mod[:, :, 0], "scale": mod[:, :, 1]},
-                          "gated_add_norm": {"y": y, "gate": mod[:, :, 2], "weight": w, "bias": b}, "gelu": {}}[mode]
+                          "gated_add_norm": {"y": y, "gate": mod[:, :, 2], "weight": w, "bias": b}, "gelu": {},
+                          "gated_add_modulate": {"y": y, "gate": mod[:, :, 5], "shift": mod[:, :, 0],
+                                                 "scale": mod[:, :, 1]}}[mode]
     ops = ElementwiseOps(True, fp8=True, row_kernels=False)
     compiled: Callable[[], object] = {
         "modulate": lambda: ops.modulate(x, mod[:, :, 0], mod[:, :, 1], 1e-6),
         "add_modulate": lambda: ops.add_modulate(x, y, mod[:, :, 0], mod[:, :, 1], 1e-6),
         "gated_add_norm": lambda: ops.gated_add_norm(x, y, mod[:, :, 2], w, b, 1e-6),
-        "gelu": lambda: ops.gelu(x)}[mode]
+        "gelu": lambda: ops.gelu(x),
+        "gated_add_modulate": lambda: ops.gated_add_modulate(x, y, mod[:, :, 5], mod[:, :, 0], mod[:, :, 1],
+                                                             1e-6)}[mode]
     row: dict[str, Any] = {"mode": mode, "rows": rows, "d": d, "inductor_us": graph_us(compiled)}
     for warps in WARPS:
         row[f"row_kernel_w{warps}_us"] = graph_us(lambda n=warps: row_quant_triton(mode, x, num_warps=n, **kw))
     row["row_kernel_default_us"] = graph_us(lambda: row_quant_triton(mode, x, **kw))
-    residual = mode in ("add_modulate", "gated_add_norm")
+    residual = mode in ("add_modulate", "gated_add_norm", "gated_add_modulate")
     moved = x.numel() * (2 * (2 if residual else 1) + (2 if residual else 0) + 1) + rows * 4  # bf16 in/out, e4m3
     row["floor_us"] = moved / HBM_BYTES_PER_S * 1e6
     return row

@@ -102,9 +102,11 @@ def test_compiled_quantising_steps_match_plain(rows: bool) -> None:
 
 
 @pytest.mark.parametrize("mode", ["modulate", "add_modulate", "gated_add_norm", "gelu", "gated_add_modulate"])
-@pytest.mark.parametrize(("t", "d", "per_token"), [(998, 9216, False), (2992, 8192, False), (187, 192, True)])
+@pytest.mark.parametrize(("t", "d", "per_token"), [(998, 9216, False), (2992, 8192, False), (998, 24576, False),
+                                                   (187, 192, True)])
 def test_row_quant_kernel_matches_reference(mode: str, t: int, d: int, per_token: bool) -> None:
-    """`kernels.row_quant` at the 57b TP3 rank's shapes (998 rows of 9216; the GELU over 2992 x 8192) and tiny's:
+    """`kernels.row_quant` at the 57b TP3 rank's shapes (998 rows of 9216; the GELU over 2992 x 8192, and over 998 x
+    24576 with `topology.local_layers`) and tiny's:
     the new residual exact (both round a float32 sum once), the e4m3 codes equal but where float32 reduction order
     moves a value across a rounding boundary, scales within float32 rounding."""
     from kernels.row_quant import row_quant_ref, row_quant_triton

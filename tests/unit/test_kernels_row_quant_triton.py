@@ -18,7 +18,9 @@ from kernels.row_quant import MODES, row_quant_ref, row_quant_triton
 from kernels.testing import rel_err
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-CASES = [(1, 7, 96, False), (2, 5, 100, True), (1, 3, 64, True)]  # (B, T, D, a modulation row per token)
+# (B, T, D, a modulation row per token); a row is held as two power-of-two parts (kernels.row_quant.row_blocks):
+# 96 = 64 + 32, 100 = 64 + 36 (the second part masked at 100), 64 (a second part all masked), 72 = 64 + 8 of 16
+CASES = [(1, 7, 96, False), (2, 5, 100, True), (1, 3, 64, True), (1, 4, 72, False)]
 
 
 def _inputs(mode: str, b: int, t: int, d: int, per_token: bool, dtype: torch.dtype,
