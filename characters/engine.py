@@ -315,7 +315,7 @@ FIRST_FRAMES = 1  # frames `DecoderRunner.decode_first` hands out before the res
 class _Captured:
     graph: torch.cuda.CUDAGraph
     out: torch.Tensor  # its output, rewritten by every replay
-    keep: torch.Tensor | None  # a tensor of its pool another graph reads
+    keep: list[torch.Tensor] | None  # tensors of its pool another graph reads
 
 
 class DecoderRunner:
@@ -481,7 +481,7 @@ class DecoderRunner:
         pair = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
         with torch.cuda.graph(pair[0]):
             first = self._decode_first(self._z)
-        pending = self.state.pending  # decode_rest's input: its graph reads it where the first graph writes it
+        pending = self.state.pending  # decode_rest's inputs: its graph reads them where the first graph writes them
         with torch.cuda.graph(pair[1]):
             rest = self._decode_rest()
         self._graphs = (_Captured(pair[0], first, pending), _Captured(pair[1], rest, None))

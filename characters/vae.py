@@ -284,12 +284,13 @@ class Upsample(nn.Module):
         self._subpixel = (k.reshape(4 * cout, cin, 3, 3).contiguous(memory_format=torch.channels_last),
                           bias.detach().repeat(4))
 
-    def _forward_subpixel(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor]) -> torch.Tensor:
+    def _forward_subpixel(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
+                          ) -> torch.Tensor:
         """`forward_window` on CPU after `prepare_subpixel`: the same values (float rounding aside)."""
         assert self._subpixel is not None
         if self.time_conv is not None:
             conv = self.time_conv
-            y = conv.run_window(conv.write_window(x, windows))  # (B, 2c, T, h', w'), bias in
+            y = conv.run_window(conv.write_window(x, windows, span), span=span)  # (B, 2c, T, h', w'), bias in
             b, c2, t, h, w = y.shape
             c = c2 // 2
             # frame 2t + i is half i of frame t: (B, T, h', w', 2, c) -> (B*2T, h', w', c), one copy
@@ -321,15 +322,14 @@ class Upsample(nn.Module):
                        ) -> torch.Tensor:
         """The serving form: one pass reads the up-sampling's input (with its pending bias and residual, or
         the time conv's output with its bias) and writes the 2x copies in the 3x3 conv's channels-last layout.
-        On CPU after `prepare_subpixel`, the sub-pixel form instead (no 2x copies at all). `span`: x is those
-        frames of the chunk; only a spatial up-sampling takes one (its conv is per frame)."""
-        if span is not None and self.time_conv is not None:
-            raise ValueError("a temporal up-sampling makes two frames of each input frame: it runs on whole chunks")
+        On CPU after `prepare_subpixel`, the sub-pixel form instead (no 2x copies at all). `span` (a, b): x is those
+        frames of the chunk; a temporal up-sampling then makes frames 2a .. 2b - 1 of its output (frame 2i + h from
+        half h of its causal time conv's output for frame i)."""
         if self._subpixel is not None and (x.y if isinstance(x, Unsummed) else x).device.type == "cpu":
-            return self._forward_subpixel(x, windows)
+            return self._forward_subpixel(x, windows, span)
         if self.time_conv is not None:
             conv = self.time_conv
-            y = conv.run_window(conv.write_window(x, windows), with_bias=False)  # (B, 2cin, T, h', w'), no bias yet
+            y = conv.run_window(conv.write_window(x, windows, span), with_bias=False, span=span)  # (B, 2cin, T, ..)
             up = upsample_nearest(y, conv.bias, fold_time=True)  # (B, cin, 2T, 2h', 2w'): frame 2t + i from half i
         elif isinstance(x, Unsummed):
             up = upsample_nearest(x.y, x.bias, x.residual)  # (B, cin, T, 2h', 2w')
@@ -352,7 +352,7 @@ class DecoderState:
     latent_hw: tuple[int, int]
     chunk_frames: int | None = None
     windows: list[torch.Tensor] | None = None
-    pending: torch.Tensor | None = None  # `CausalDecoder.decode_first`'s trunk output, for `decode_rest`
+    pending: list[torch.Tensor] | None = None  # `CausalDecoder.decode_first`'s unfinished frames per stage
 
 
 class CausalDecoder(nn.Module):
@@ -388,10 +388,15 @@ class CausalDecoder(nn.Module):
         self.norm_out = RMSNorm(widths[-1])
         # 3 output channels, or 3 per pixel of each position's s x s block, ordered (dy, dx, rgb): `unshuffle`
         self.conv_out = CausalConv3d(widths[-1], 3 * self.shuffle**2, (kt, 3, 3), scale, frames)
-        # after the last temporal up-sampling every step keeps its frames apart in time: output frame i is made from
-        # frame i there (and the frames before it), so a chunk's first frames can be finished before the rest
-        self.split = max((i + 1 for i, b in enumerate(self.blocks) if isinstance(b, Upsample) and b.time_conv),
-                         default=0)
+        # From the first temporal up-sampling on, every step keeps its frames apart in time at its stage's rate:
+        # frame i of a stage is made from frame i of the stage's input and the frames before it, and a temporal
+        # up-sampling makes frames 2i and 2i + 1 from its input's frame i. So a chunk's first output frames need
+        # only the first frames of each stage (`decode_first`): the blocks before `split` run on the whole chunk,
+        # each stage after it (block ranges `stages`, each ending at a temporal up-sampling but the last) on the
+        # frames it needs.
+        ups = [i + 1 for i, b in enumerate(self.blocks) if isinstance(b, Upsample) and b.time_conv is not None]
+        self.split = ups[0] if ups else 0
+        self.stages = list(zip([self.split, *ups[1:]], [*ups[1:], len(self.blocks)], strict=True))
         self.cached_convs = [m for m in self.modules() if isinstance(m, CausalConv3d) and m.past > 0]
         for slot, conv in enumerate(self.cached_convs):
             conv.slot = slot
@@ -434,47 +439,74 @@ class CausalDecoder(nn.Module):
 
     def _trunk_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
         """Everything up to conv_out, whose window it returns with this chunk's input written in."""
-        return self._finish_window(self._split_window(z, windows), windows, None)
+        return self._finish_window(self._split_window(z, windows), windows)
 
     def _split_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
-        """The blocks up to `split`, on the whole chunk: (B, C, Tc, h, w) -> (B, c, 4*Tc, h', w')."""
+        """The blocks up to `split`, on the whole chunk: (B, C, Tc, h, w) -> (B, c, frames, h', w')."""
         x: torch.Tensor | Unsummed = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
         for block in self.blocks[: self.split]:
             x = block.forward_window(x, windows)  # type: ignore[operator]
         return summed(x)
 
-    def _finish_window(self, x: torch.Tensor, windows: list[torch.Tensor], span: Span | None) -> torch.Tensor:
-        """The blocks from `split` on, for `span`'s frames of x (all: None), up to conv_out: its window (with
-        those frames written in) or, for a kt = 1 conv_out, its input."""
-        a, b = span or (0, x.shape[2])
-        y: torch.Tensor | Unsummed = x[:, :, a:b]  # a view (B == 1): time is outermost channels-last
-        for block in self.blocks[self.split :]:
-            y = block.forward_window(y, windows, span)  # type: ignore[operator]  # ends at (B, c, t, 8h/s, 8w/s)
-        return self.conv_out.norm_silu_window(summed(y), self.norm_out, windows, span=span)
+    def _finish_window(self, x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+        """The blocks from `split` on, on the whole chunk (x: `split`'s output), up to conv_out: its window (with
+        this chunk's input written in) or, for a kt = 1 conv_out, its input."""
+        for j in range(len(self.stages)):
+            x = self._stage(j, x, windows, None)
+        return x
+
+    def _stage(self, j: int, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None
+               ) -> torch.Tensor:
+        """Stage j's blocks on its frames `span` (a, b) (x holds just those; None: x is the whole chunk's): the
+        next stage's input for frames 2a .. 2b - 1, or, the last stage, conv_out's window with those frames
+        written in (or, for a kt = 1 conv_out, its input)."""
+        lo, hi = self.stages[j]
+        for block in self.blocks[lo:hi]:
+            x = block.forward_window(x, windows, span)  # type: ignore[operator]
+        if j < len(self.stages) - 1:
+            return summed(x)
+        return self.conv_out.norm_silu_window(summed(x), self.norm_out, windows, span=span)
 
     def decode_first(self, z: torch.Tensor, state: DecoderState, frames: int = 1, *, uint8: bool = False
                      ) -> torch.Tensor:
         """A chunk's first `frames` output frames, before the rest (`decode_rest`, which must come next): the
-        blocks before `split` run on the whole chunk, the rest on those frames only. The two calls give the same
-        frames as `decode_chunk` (or, `uint8`, `frames_uint8`): (B, 3, frames, 8h, 8w) or (B, frames, 8h, 8w, 3).
-        Needs a serving state (`init_state(..., chunk_frames=...)`). For a speech onset: its first frame reaches
-        the viewer after about half of the chunk's decode (the low-resolution half plus a frame's share of the
-        rest) instead of all of it."""
+        blocks before `split` run on the whole chunk, each stage after it on the frames of it those need (at 57b:
+        the 176x272 stage on the first of its two frames, the two stages above it on the first of their four).
+        The two calls give the same frames as `decode_chunk` (or, `uint8`, `frames_uint8`): (B, 3, frames, 8h, 8w)
+        or (B, frames, 8h, 8w, 3). Needs a serving state (`init_state(..., chunk_frames=...)`). For a speech
+        onset: its first frame reaches the viewer after the low-resolution trunk plus its own share of each stage
+        above, instead of after the whole chunk's decode."""
         windows = self._serving(z, state, uint8)
         total = self.cfg.temporal_factor * z.shape[2]
         if not 0 < frames < total:
             raise ValueError(f"decode_first takes 1 .. {total - 1} frames of a chunk of {total}, got {frames}")
-        x = self._split_window(z, windows)  # (B, c, 4*Tc, h', w')
-        state.pending = x
-        return self._out(self._finish_window(x, windows, (0, frames)), (0, frames), uint8)
+        x = self._split_window(z, windows)  # (B, c, the first stage's frames, h', w')
+        rest = []  # per stage, its input's frames past those run here, for decode_rest
+        for j in range(len(self.stages)):
+            need = -(-frames >> (len(self.stages) - 1 - j))  # ceil(frames / 2^(stages above this one))
+            rest.append(x[:, :, need:])  # a view (B == 1: time is outermost channels-last)
+            x = self._stage(j, x[:, :, :need], windows, (0, need))
+        state.pending = rest
+        return self._out(x, (0, frames), uint8)
 
     def decode_rest(self, state: DecoderState, frames: int = 1, *, uint8: bool = False) -> torch.Tensor:
         """The chunk's frames after the first `frames` (`decode_first`'s); the state then moves on a chunk."""
-        x, state.pending = state.pending, None
-        if x is None or state.windows is None:
+        rest, state.pending = state.pending, None
+        if rest is None or state.windows is None or state.chunk_frames is None:
             raise ValueError("decode_rest without decode_first: decode the chunk's first frames first")
-        span = (frames, x.shape[2])
-        return self._out(self._finish_window(x, state.windows, span), span, uint8)
+        total = self.cfg.temporal_factor * state.chunk_frames
+        x: torch.Tensor | None = None  # the previous stage's output, its frames past decode_first's
+        span = (frames, total)
+        for j, left in enumerate(rest):
+            x = left if x is None else x if left.shape[2] == 0 else torch.cat([left, x], 2)  # (B, c, n, h', w')
+            if x.shape[2] == 0:  # decode_first ran all of this stage (its cache moved on then)
+                x = None
+                continue
+            end = total >> (len(rest) - 1 - j)  # this stage's frames
+            span = (end - x.shape[2], end)
+            x = self._stage(j, x, state.windows, span)
+        assert x is not None and span[0] == frames
+        return self._out(x, span, uint8)
 
     def _out(self, window: torch.Tensor, span: Span | None, uint8: bool) -> torch.Tensor:
         return self._uint8(window, span) if uint8 else self._video(window, span)

@@ -34,6 +34,7 @@ Prints a table, writes JSON (command, GPU, driver, versions).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -129,6 +130,8 @@ def step_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
            "row_kernels": bool(getattr(runner.dit.blocks[0].ops, "row_kernels", False))}
     if args.profile:
         row["profile"] = profile_step(runner, windows)
+    if args.timeline:
+        row["timeline"] = timeline_step(runner, windows)
     return row
 
 
@@ -158,6 +161,54 @@ def profile_step(runner: DiTRunner, windows: np.ndarray) -> dict[str, Any]:
     return {"ms_per_chunk_by_family": fams, "ms_total": sum(fams.values()), "top_kernels_ms": top}
 
 
+def timeline_step(runner: DiTRunner, windows: np.ndarray, steps: int = 3) -> dict[str, Any]:
+    """The kernels of the served step as they ran (graph replays, torch.profiler's trace): per step the device's
+    busy time, its idle gaps between consecutive kernels, and those gaps by the kernel families on each side:
+    what of the wall time no kernel ran, and next to what. Gaps over 1 ms are counted apart (between steps)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from scripts.profile_step import family
+
+    def fam(name: str) -> str:  # our Triton kernels and the copies by name, the rest by family
+        return name.split(" (")[0][:40] if name.startswith(("_", "Memset", "Memcpy")) else family(name)
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.step_windows(windows)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    ks = sorted((float(e["ts"]), float(e["dur"]), str(e["name"])) for e in events
+                if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    busy = sum(d for _, d, _ in ks) / 1e3 / steps
+    gaps: dict[str, float] = {}
+    small = big = 0.0
+    counts = {"gaps_under_2us": 0, "gaps_2_10us": 0, "gaps_10_100us": 0, "gaps_100us_1ms": 0, "gaps_over_1ms": 0}
+    for (t0, d0, n0), (t1, _, n1) in itertools.pairwise(ks):
+        gap = t1 - (t0 + d0)
+        if gap <= 0:
+            continue
+        if gap > 1000:
+            big += gap
+            counts["gaps_over_1ms"] += 1
+            continue
+        small += gap
+        key = "gaps_under_2us" if gap < 2 else "gaps_2_10us" if gap < 10 else "gaps_10_100us" if gap < 100 else (
+            "gaps_100us_1ms")
+        counts[key] += 1
+        pair = f"{fam(n0)} -> {fam(n1)}"
+        gaps[pair] = gaps.get(pair, 0.0) + gap
+    top = dict(sorted(((k, v / 1e3 / steps) for k, v in gaps.items()), key=lambda kv: -kv[1])[:20])
+    return {"steps": steps, "kernels_per_step": len(ks) / steps, "busy_ms_per_step": busy,
+            "idle_gaps_ms_per_step": small / 1e3 / steps, "gaps_over_1ms_total_ms": big / 1e3,
+            "gap_counts_per_step": {k: v / steps for k, v in counts.items()}, "idle_ms_by_pair": top}
+
+
 def cmd_steps(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for variant in args.variants.split(","):
@@ -169,6 +220,7 @@ def cmd_steps(args: argparse.Namespace) -> dict[str, Any]:
                "--variants", variant, "--iters", str(args.iters), "--warmup", str(args.warmup), "--out", str(out)]
         cmd += ["--layers", str(args.layers)] if args.layers else []
         cmd += ["--profile"] if variant in (args.profile_variants or "").split(",") else []
+        cmd += ["--timeline"] if variant in (args.timeline_variants or "").split(",") else []
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.variant_timeout)
         if res.returncode == 0 and out.is_file():
@@ -195,6 +247,12 @@ def print_steps(result: dict[str, Any]) -> None:
               f"{r['floor_ms_bf16_rate']:>10.1f}  {r['attention_kernel']}")
         for fam, ms in sorted(r.get("profile", {}).get("ms_per_chunk_by_family", {}).items(), key=lambda kv: -kv[1]):
             print(f"    {fam:<26} {ms:8.2f} ms")
+        if "timeline" in r:
+            tl = r["timeline"]
+            print(f"    replayed: {tl['kernels_per_step']:.0f} kernels, busy {tl['busy_ms_per_step']:.2f} ms, "
+                  f"idle gaps {tl['idle_gaps_ms_per_step']:.2f} ms a step; {tl['gap_counts_per_step']}")
+            for pair, ms in list(tl["idle_ms_by_pair"].items())[:8]:
+                print(f"      {ms:7.3f} ms  {pair}")
 
 
 # ------------------------------------------------------------------------------------------------ attention
@@ -374,6 +432,9 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=100)
     p.add_argument("--profile", action="store_true", help="(with --inline) add the kernel profile")
     p.add_argument("--profile-variants", default="", help="variants to profile (comma-separated)")
+    p.add_argument("--timeline", action="store_true", help="(with --inline) add the replayed graph's timeline")
+    p.add_argument("--timeline-variants", default="",
+                   help="variants whose graph replays are traced: kernel time and the idle gaps between kernels")
     p.add_argument("--inline", action="store_true", help="run the variants in this process")
     p.add_argument("--variant-timeout", type=float, default=400)
     p.add_argument("--seeds", type=int, default=3, help="(lipsync) noise seeds per precision")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from characters.vae import (
     CausalDecoder,
     DecoderState,
     FrameAttention,
+    ResBlock,
     Upsample,
     VAEEncoder,
     decoder_flops_per_chunk,
@@ -401,25 +403,72 @@ def test_a_wider_temporal_last_stage_streams_and_serves_as_the_generic_decoder(c
     torch.testing.assert_close(_stream(d, z, chunk, windowed), whole, atol=2e-5, rtol=0)
 
 
+def _temporal(block: torch.nn.Module) -> bool:
+    return isinstance(block, Upsample) and block.time_conv is not None
+
+
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_PS, SMALL_PS_WIDE], ids=["conv", "pixel_shuffle", "wide_temporal_last"])
+def test_the_decoder_splits_into_stages_at_its_temporal_upsamplings(cfg: VAEConfig) -> None:
+    """Blocks before `split` end at the first temporal up-sampling; each stage after it at the next, the last at
+    none: what `decode_first` runs a frame at a time."""
+    d = CausalDecoder(cfg)
+    assert _temporal(d.blocks[d.split - 1]) and not any(_temporal(b) for b in d.blocks[: d.split - 1])
+    starts, ends = [lo for lo, _ in d.stages], [hi for _, hi in d.stages]
+    assert starts == [d.split, *ends[:-1]] and ends[-1] == len(d.blocks)
+    for lo, hi in d.stages[:-1]:
+        assert _temporal(d.blocks[hi - 1]) and not any(_temporal(b) for b in d.blocks[lo : hi - 1])
+    assert not any(_temporal(b) for b in d.blocks[starts[-1] :])
+    assert len(d.stages) == sum(map(_temporal, d.blocks)) == 2  # 4x in time: two 2x stages
+
+
+@torch.inference_mode()
+def test_a_chunks_first_frame_runs_each_stage_on_the_frames_it_needs(one_thread: None) -> None:
+    """An onset's first frame: the stage between the two temporal up-samplings convolves its first frame only
+    (of two), the last stage its first of four; `decode_rest` the others."""
+    d = _prepared(SMALL)
+    state = d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=1)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for j, (lo, _) in enumerate(d.stages):
+        block = d.blocks[lo]
+        assert isinstance(block, ResBlock)
+        run = block.conv1._conv
+
+        def record(x: torch.Tensor, *args: Any, _run: Any = run, _j: int = j) -> torch.Tensor:
+            seen[_j].append(x.shape[2] - 2)  # frames convolved (the window holds 2 past ones)
+            return _run(x, *args)
+
+        setattr(block.conv1, "_conv", record)  # noqa: B010 (this instance's convolution, recorded)
+    d.decode_chunk(_latents(1), state)
+    assert seen == {0: [2], 1: [4]}
+    d.decode_first(_latents(1), state, 1)
+    assert seen == {0: [2, 1], 1: [4, 1]}
+    d.decode_rest(state, 1)
+    assert seen == {0: [2, 1, 1], 1: [4, 1, 3]}
+
+
 @pytest.mark.parametrize("cfg", [SMALL, SMALL_PS, SMALL_PS_WIDE], ids=["conv", "pixel_shuffle", "wide_temporal_last"])
 @pytest.mark.parametrize("uint8", [False, True], ids=["float", "uint8"])
+@pytest.mark.parametrize("chunk", [1, 2])
 @torch.inference_mode()
-def test_a_chunks_first_frame_then_its_rest_are_the_whole_chunk(cfg: VAEConfig, uint8: bool, one_thread: None) -> None:
+def test_a_chunks_first_frame_then_its_rest_are_the_whole_chunk(cfg: VAEConfig, uint8: bool, chunk: int,
+                                                                 one_thread: None) -> None:
     """`decode_first` + `decode_rest` (a speech onset's chunk) give the whole chunk's frames and leave the state where
-    decoding it whole would: a stream with every other chunk in two parts (1 + 3 frames, then 2 + 2) is the stream
-    decoded whole, to float rounding (uint8: within 1, as `frames_uint8` is of the float frames)."""
+    decoding it whole would: a stream with every other chunk in two parts (1 + 3 frames, then 2 + 2, 3 + 1, 1 + 3;
+    with two latent frames a chunk 1 + 7, 4 + 4, 7 + 1) is the stream decoded whole, to float rounding (uint8: within 1,
+    as `frames_uint8` is of the float frames). The first part runs each stage on only the frames it needs."""
     d = _prepared(cfg)
     if uint8:
         d.prepare_cpu()
-    assert isinstance(d.blocks[d.split - 1], Upsample) and d.blocks[d.split - 1].time_conv is not None
-    assert not any(isinstance(b, Upsample) and b.time_conv is not None for b in d.blocks[d.split :])
-    z = _latents(5)
-    whole_state, parts_state = (d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=1) for _ in range(2))
-    for k in range(5):
-        zk = z[:, :, k : k + 1]
+    z = _latents(9 * chunk)
+    total = 4 * chunk
+    splits = {1: 1, 3: total // 2, 5: total - 1, 7: 1}  # chunk k in two parts: its first n frames, then the rest
+    whole_state, parts_state = (d.init_state(1, *LATENT_HW, "cpu", torch.float32, chunk_frames=chunk)
+                                for _ in range(2))
+    for k in range(9):
+        zk = z[:, :, k * chunk : (k + 1) * chunk]
         whole = d.frames_uint8(zk, whole_state) if uint8 else d.decode_chunk(zk, whole_state)
-        if k % 2:
-            n = 1 if k == 1 else 2
+        if k in splits:
+            n = splits[k]
             first = d.decode_first(zk, parts_state, n, uint8=uint8)
             assert first.shape[1 if uint8 else 2] == n
             got = torch.cat([first, d.decode_rest(parts_state, n, uint8=uint8)], dim=1 if uint8 else 2)
