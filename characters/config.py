@@ -313,6 +313,14 @@ class TopologyConfig(_Frozen):
         "those weights whole on each: 57b over 3 ranks holds 44.4 B parameters a rank against 19.6 B split "
         "(characters.flops.chunk_cost), ~25 GB more per rank in FP8.",
     )
+    local_attention: bool = Field(
+        default=False,
+        description="With local_layers: self-attention keeps its whole weights on every rank too. Each rank projects "
+        "Q, K and V of its own tokens, writes its K/V rows in the cache's form, all-gathers the chunk's other rows "
+        "from the other ranks (one collective a block: K and V, e4m3 in FP8; no reduce-scatter) and attends its own "
+        "queries over every key. The same FLOPs per rank; every rank holds the whole model (57b: ~57 GB in FP8) and "
+        "every head's KV cache.",
+    )
     tp_overlap: Literal["none", "ring", "symm_mem"] = Field(
         default="none",
         description="Sequence-parallel collectives: 'none' = NCCL's all-gather / reduce-scatter next to the GEMMs; "
@@ -330,6 +338,9 @@ class TopologyConfig(_Frozen):
         if self.local_layers and not self.sequence_parallel:
             raise ValueError("topology.local_layers=true needs topology.sequence_parallel=true: the layers kept whole "
                              "run on each rank's own tokens (with every token on every rank, each would run them all)")
+        if self.local_attention and not self.local_layers:
+            raise ValueError("topology.local_attention=true needs topology.local_layers=true: self-attention is kept "
+                             "whole on each rank's own tokens only beside the token-local layers")
         return self
 
 

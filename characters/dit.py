@@ -217,9 +217,15 @@ _PLAIN = ElementwiseOps(False)
 
 
 class SelfAttention(nn.Module):
+    """Every token attends to the KV cache. Under `topology.local_attention` every rank keeps it whole (all heads)
+    and runs it on its own rows; the cache gathers the chunk's other K/V rows (`KVCache.attend_rows`)."""
+
+    gathers_keys = True  # reads every token's K/V: kept whole only with `local_attention`
+
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.local_shards: TokenShards | None = None  # kept whole (`local_attention`): this rank's rows
         self.qkv = ParallelLinear(dim, 3 * dim, "column", groups=3, sequence=True)
         self.q_norm = nn.Parameter(torch.ones(self.head_dim))
         self.k_norm = nn.Parameter(torch.ones(self.head_dim))
@@ -342,6 +348,7 @@ class CausalDiT(nn.Module):
         self.head = nn.Linear(d.dim, d.latent_channels * ph * pw)
         self.register_buffer("audio_index", self._audio_index(), persistent=False)  # (Cf, A)
         self.shards: TokenShards | None = None  # sequence parallelism's token split (set by apply_tensor_parallel)
+        self.kv_shards: TokenShards | None = None  # `local_attention`: the split whose K/V rows the cache gathers
 
     def _audio_index(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Audio frame index of each latent frame's A tokens within the encoder's Fa frames."""
@@ -455,11 +462,17 @@ class CausalDiT(nn.Module):
         alone: the timestep MLPs read ~1 GB of weights per forward at 57b).
         """
         cos, sin = rope
-
-        fp8 = self.fp8
+        fp8, kv_shards = self.fp8, self.kv_shards
 
         def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor | Fp8Act:
+            if kv_shards is not None:  # self-attention whole on this rank's rows: its RoPE rows, the K/V gathered
+                return cache.attend_rows(layer, qkv, qw, kw, rows_cos, rows_sin, offset, valid, kv_shards,
+                                         fp8_out=fp8)
             return cache.attend(layer, qkv, qw, kw, cos, sin, offset, valid, fp8_out=fp8)
+
+        if kv_shards is not None:
+            kv_shards.begin(cos.shape[0])  # this forward's T tokens (`_run` begins it again, the same)
+            rows_cos, rows_sin = kv_shards.split(cos[None])[0], kv_shards.split(sin[None])[0]  # (m, Dh/2)
 
         return self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend, modulation)
 
@@ -471,6 +484,9 @@ class CausalDiT(nn.Module):
         ctx (B, nF, A, Dc); cos/sin (T, Dh/2); mask (T, T) bool, True where a query may attend.
         """
         eps = self.cfg.dit.eps
+        if self.kv_shards is not None:
+            raise ValueError("forward_sequence (the reference without a cache) runs with self-attention split or on "
+                             "one rank; topology.local_attention serves through the cache (forward)")
 
         def attend(layer: int, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor:
             q = rope_ref(rms_norm_ref(qkv[:, :, 0].float(), qw, eps), cos, sin).to(qkv.dtype)  # (B, T, Hh, Dh)

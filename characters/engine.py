@@ -87,7 +87,7 @@ class DiTRunner:
             dit = CausalDiT(m)
         apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate,
                               sequence_parallel=topo.sequence_parallel, overlap=tp_overlap or topo.tp_overlap,
-                              local_layers=topo.local_layers)
+                              local_layers=topo.local_layers, local_attention=topo.local_attention)
         init_weights(dit.to(self.dtype), cfg.seed, device=self.device)  # materialise in the compute dtype
         self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         self.weights = resolve_weights(cfg)  # None: seeded random weights
@@ -109,7 +109,7 @@ class DiTRunner:
         self.dit = dit.eval()
         self.dit.fuse_elementwise(self.device.type == "cuda" if fuse is None else fuse)
         self.audio_encoder.eval()
-        heads = m.dit.num_heads // ranks
+        heads = m.dit.num_heads if topo.local_attention else m.dit.num_heads // ranks  # self-attention's, per rank
         if attention_backend == "auto":  # (an FP8 cache has its own kernel: ModelConfig.attention_fp8_kernel)
             attention_backend = "sdpa" if m.attention_precision == "fp8" else self._pick_attention(heads)
         self.attention_backend: AttentionBackend = attention_backend

@@ -7,7 +7,8 @@ FLOPs count a multiply-add as 2. Per forward over T chunk tokens with S cache ke
 Split layers (ParallelLinear and attention) divide by the tensor-parallel ranks; the rest is
 replicated on every rank. Token-local layers kept whole (`topology.local_layers`) run on the rank's
 1/n of the tokens: the same share of their FLOPs (the audio K/V projection, over the audio tokens,
-then runs whole on every rank) for their whole weights in each rank's memory.
+then runs whole on every rank) for their whole weights in each rank's memory; so does self-attention under
+`topology.local_attention` (its K/V rows gathered, `chunk_collectives`).
 
 `chunk_collectives` lists the collectives one rank of a split session calls per chunk, with their
 sizes: what an estimate of their time starts from (`scripts/latency_budget.py`).
@@ -72,8 +73,12 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
     audio_tokens = g.latent_frames_per_chunk * cfg.audio_tokens_per_latent
     split = sum(p.numel() for m in model.modules() if isinstance(m, ParallelLinear)
                 for n, p in m.named_parameters(recurse=False) if n == "weight")
-    whole = sum(m.weight.numel() for m in model.modules() if isinstance(m, ParallelLinear) and m.token_local
-                ) if session.topology.local_layers and ranks > 1 else 0  # kept whole on every rank
+    topo = session.topology
+    attention_whole = {id(lin) for b in model.blocks if isinstance(b, Block) and topo.local_attention
+                       for lin in (b.self_attn.qkv, b.self_attn.o)}
+    whole = sum(m.weight.numel() for m in model.modules() if isinstance(m, ParallelLinear)
+                and (m.token_local or id(m) in attention_whole)
+                ) if topo.local_layers and ranks > 1 else 0  # kept whole on every rank
     total = sum(p.numel() for p in model.parameters())
     kv_weights = sum(b.cross_attn.kv.weight.numel() for b in model.blocks if isinstance(b, Block))
     # the patch embedding and head: per token; each rank runs its own tokens under sequence parallelism
@@ -113,14 +118,15 @@ def chunk_collectives(session: SessionConfig) -> list[Collective]:
     """The collectives one DiT rank calls per chunk (none on one rank), grouped by kind and size: sequence
     parallelism's all-gathers before the split column layers (FP8: the e4m3 bytes and their per-token float32
     scales, two calls) and reduce-scatters after the split row layers, or all-reduces after the row layers with
-    every token on every rank; the head's gather. Layers kept whole (`local_layers`) call none."""
+    every token on every rank; the head's gather. Layers kept whole (`local_layers`) call none; self-attention kept
+    whole (`local_attention`) gathers every rank's K/V rows, one call a block (the Triton FP8 cache's form: three)."""
     cfg, topo = session.model, session.topology
     ranks = topo.dit_ranks
     if ranks == 1:
         return []
     model = build_meta_dit(cfg)
     apply_tensor_parallel(model, rank=0, size=ranks, communicate=False, sequence_parallel=topo.sequence_parallel,
-                          local_layers=topo.local_layers)
+                          local_layers=topo.local_layers, local_attention=topo.local_attention)
     t, n = cfg.tokens_per_chunk, cfg.generation.forwards_per_chunk
     act = torch.finfo(getattr(torch, session.dtype)).bits // 8  # the compute dtype's bytes
     fp8 = cfg.precision == "fp8"
@@ -141,6 +147,17 @@ def chunk_collectives(session: SessionConfig) -> list[Collective]:
             add("reduce_scatter", t * m.full_out * act, f"{where} output")
         elif m.mode == "row":
             add("all_reduce", t * m.full_out * act, f"{where} output")
+    if topo.local_attention:  # per block: every rank's K/V rows (padding rows too) in the cache's written form
+        rows, d, h = ranks * -(-t // ranks), cfg.dit.dim, cfg.dit.num_heads
+        for _ in model.blocks:
+            if cfg.attention_precision != "fp8":
+                add("all_gather", 2 * rows * d * act, "self-attention K/V rows")
+            elif cfg.attention_fp8_kernel == "triton":  # K, V transposed, V's scale per (head, key): three calls
+                add("all_gather", rows * d, "self-attention K rows (e4m3)")
+                add("all_gather", rows * d, "self-attention V rows (e4m3)")
+                add("all_gather", rows * h * 4, "self-attention V row scales")
+            else:  # cuDNN's form (what "auto" picks on Hopper): K and V in e4m3 in one buffer
+                add("all_gather", 2 * rows * d, "self-attention K/V rows (e4m3)")
     if topo.sequence_parallel:
         add("all_gather", t * model.head.out_features * act, "head output")
     return [Collective(op, nbytes, count, what) for (op, nbytes, what), count in calls.items()]  # type: ignore[arg-type]

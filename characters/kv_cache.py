@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from characters.config import ModelConfig
+from characters.tp import TokenShards
 from kernels.attention import AttentionBackend, attention, attention_fp8_out
 from kernels.attention_cudnn_fp8 import attention_fp8_tensor, cudnn_fp8_supported, padded_keys
 from kernels.attention_fp8 import attention_fp8
@@ -59,6 +60,7 @@ class KVCache:
         self.mode = g.cache_mode
         self.sink_tokens, self.chunk_tokens, self.ring_slots = cfg.tokens_per_frame, cfg.tokens_per_chunk, g.ring_slots
         self.eps, self.dtype, self.backend = d.eps, dtype, attention_backend
+        self._staging: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}  # `attend_rows`'s gather
         shape_s = (d.num_layers, batch, cfg.cache_tokens)
         self.fp8 = cfg.attention_precision == "fp8"
         self.fp8_kernel = fp8_attention_kernel(cfg, device) if self.fp8 else None
@@ -148,6 +150,75 @@ class KVCache:
         v = vr[:, :valid].to(self.dtype).transpose(1, 2)
         return attend(q, k, v, self.backend)
 
+    # ------------------------------------------------------------------ self-attention whole on a rank's rows
+    def attend_rows(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, offset: int | torch.Tensor, valid: int, shards: TokenShards,
+                    fp8_out: bool = False) -> torch.Tensor | Fp8Act:
+        """`attend` for self-attention kept whole on this rank's rows (`topology.local_attention`): qkv (B, m, 3,
+        Hh, Dh) holds rank r's m rows of the T tokens (all heads), cos / sin (m, Dh/2) their RoPE rows. The rows'
+        K/V go, in the cache's form, into block r of a staging buffer; every rank's block is gathered (one
+        all-gather; FP8: bytes); the T rows land in the cache at `offset` in token order (rank c's row i at
+        offset + c*m + i; padding rows past T dropped), as one rank writes a chunk; then this rank's queries attend
+        over keys [0, valid). Returns what `attend` does, for the m rows. With FP8's per-layer V scale, the first
+        write's scale is the largest over the ranks (every rank quantises V alike)."""
+        if self.mode != "write_time":
+            raise ValueError("topology.local_attention gathers K/V rows in the cache's written form: it needs "
+                             "generation.cache_mode='write_time'")
+        b, m, _, hh, dh = qkv.shape
+        n, r, t = shards.size, shards.rank, shards.tokens
+        own = max(0, min(m, t - r * m))  # this rank's rows that are tokens (the rest pad the last ranks)
+        q8 = torch.empty(b, m, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2) if self.fp8 else None
+        if self.fp8_kernel == "cudnn":
+            k, v, vs, qks = self.k[layer], self.v[layer], self.v_scale[layer], self.qk_scale[layer]
+            if not self.v_scale_set[layer]:  # the session's first write: V's scale, the same on every rank
+                if own:
+                    set_v_tensor_scale(vs, qkv[:, :own])
+                torch.reciprocal(shards.all_reduce_max(vs), out=self.v_inv[layer])
+                self.v_scale_set[layer] = True
+            st = self._stage((n, 2, b, hh, m, dh), FP8)  # (n, K|V, B, Hh, m, Dh) e4m3
+            assert q8 is not None
+            q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, st[r, 0], st[r, 1], vs, qks, 0, self.eps, out=q8,
+                             v_layout="tensor")
+            shards.gather_blocks(st)
+            _scatter_rows(k, st[:, 0], offset, t, axis=2)
+            _scatter_rows(v, st[:, 1], offset, t, axis=2)
+            o = torch.empty(b, m, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # token-major, as q
+            attention_fp8_tensor(q, k, v, valid, qks, vs, o, "cudnn" if qkv.is_cuda else "torch", self.v_inv[layer])
+            if not fp8_out:
+                return (o.float() * vs).to(qkv.dtype)  # (B, Hh, m, Dh)
+            return Fp8Act(o.transpose(1, 2).reshape(b, m, hh * dh), vs.expand(b, m, 1).contiguous())
+        if self.fp8:
+            k, vt, vs, qks = self.k[layer], self.vt[layer], self.v_scale[layer], self.qk_scale[layer]
+            kst = self._stage((n, b, hh, m, dh), FP8)
+            vtst = self._stage((n, b, hh, dh, m), FP8)  # V transposed, as the cache holds it
+            vsst = self._stage((n, b, hh, m), torch.float32)  # its scale per (head, key)
+            assert q8 is not None
+            q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, kst[r], vtst[r], vsst[r], qks, 0, self.eps, out=q8)
+            for buf in (kst, vtst, vsst):
+                shards.gather_blocks(buf)
+            _scatter_rows(k, kst, offset, t, axis=2)
+            _scatter_rows(vt, vtst, offset, t, axis=3)
+            _scatter_rows(vs, vsst, offset, t, axis=2)
+            out = attention_fp8(q, k[:, :, :valid], vt[..., :valid], vs[..., :valid], qks, qkv.dtype)
+            return quantize_rows(out.transpose(1, 2).reshape(b, m, hh * dh)) if fp8_out else out
+        st = self._stage((n, 2, b, hh, m, dh), self.dtype)  # (n, K|V, B, Hh, m, Dh)
+        q = torch.empty(b, m, hh, dh, device=qkv.device, dtype=qkv.dtype).transpose(1, 2)  # token-major
+        q = qkv_prep(qkv, q_weight, k_weight, cos, sin, st[r, 0], st[r, 1], 0, self.eps, out=q)
+        shards.gather_blocks(st)
+        kc, vc = self.k[layer], self.v[layer]
+        _scatter_rows(kc, st[:, 0], offset, t, axis=2)
+        _scatter_rows(vc, st[:, 1], offset, t, axis=2)
+        return (attention_fp8_out if fp8_out else attention)(q, kc[:, :, :valid], vc[:, :, :valid], self.backend)
+
+    def _stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A staging buffer of `shape` kept per shape (made zeroed on first use: the warm-up's eager steps, before
+        any graph capture), for `attend_rows`."""
+        key = (shape, dtype)
+        buf = self._staging.get(key)
+        if buf is None:
+            buf = self._staging[key] = torch.zeros(shape, device=self.k.device, dtype=dtype)
+        return buf
+
     def _attend_fp8(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                     cos: torch.Tensor, sin: torch.Tensor, offset: int | torch.Tensor, valid: int, fp8_out: bool
                     ) -> torch.Tensor | Fp8Act:
@@ -178,3 +249,22 @@ class KVCache:
         if not fp8_out:
             return (o.float() * vs).to(qkv.dtype)  # (B, Hh, T, Dh)
         return Fp8Act(o.transpose(1, 2).reshape(b, t, hh * dh), vs.expand(b, t, 1).contiguous())
+
+
+def _scatter_rows(dst: torch.Tensor, blocks: torch.Tensor, offset: int | torch.Tensor, tokens: int, axis: int) -> None:
+    """Rank c's rows of `blocks` (n, ...dst's dims, with m along `axis`) into `dst` along `axis` at offset + c*m, the
+    first min(m, tokens - c*m) of each (padding rows past `tokens` stay out). `offset`: a host int, or an int64
+    device tensor (CUDA-graph replays writing different ring slots: an indexed copy)."""
+    n, m = blocks.shape[0], blocks.shape[axis + 1]
+    if dst.dtype == FP8:  # copied as bytes
+        dst, blocks = dst.view(torch.uint8), blocks.view(torch.uint8)
+    for c in range(n):
+        count = min(m, tokens - c * m)
+        if count <= 0:
+            break
+        src = blocks[c].narrow(axis, 0, count)
+        if isinstance(offset, int):
+            dst.narrow(axis, offset + c * m, count).copy_(src)
+        else:
+            rows = torch.arange(c * m, c * m + count, device=dst.device) + offset
+            dst.index_copy_(axis, rows, src)

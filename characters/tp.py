@@ -14,7 +14,10 @@ rank can run them on its own m rows with the whole weights instead of 1/n of the
 FLOPs per rank, no collective (4 of a block's 6 gather / reduce-scatter calls and their bytes go), for the
 memory of their whole weights on every rank. Only self-attention, which reads every token, still gathers and
 reduce-scatters. Layers built with ``token_local=True`` (and modules with a ``token_local`` attribute) are the
-ones kept whole.
+ones kept whole. With `topology.local_attention` self-attention is kept whole as well: each rank projects Q, K and
+V of its own rows with the whole weights and gathers the chunk's K/V rows from the other ranks into its cache
+(`TokenShards.gather_blocks`, one all-gather a block), then attends its own queries over every key; the blocks
+call no other collective.
 
 Sequence parallelism (Megatron-style; `topology.sequence_parallel`, off by default): between a row layer
 and the next column layer the residual stream is split by tokens, so each rank runs the norms,
@@ -153,6 +156,30 @@ class TokenShards:
             buf = self._standins[key] = self._blocks(x.shape[0], x.shape[-1], x)
             buf.copy_(x.expand_as(buf))  # (n, B, m, W) <- (B, m, W) in every block
         return buf
+
+    def gather_blocks(self, blocks: torch.Tensor) -> torch.Tensor:
+        """All ranks' blocks of `blocks` (n, ...), in place: block `rank` holds this rank's data (written there
+        first), the others are filled from their ranks (`topology.local_attention`'s K/V rows). Without
+        communication the other blocks keep copies of this rank's first block, made on first use (outside any
+        graph capture: the warm-up's eager steps): values of the real magnitude, no copy in the timed step."""
+        if blocks.shape[0] != self.size:
+            raise ValueError(f"gather_blocks: {blocks.shape[0]} blocks for {self.size} ranks")
+        raw = blocks.view(torch.uint8) if blocks.dtype == FP8 else blocks  # NCCL and gloo move FP8 as bytes
+        if not self.communicate:
+            key = (raw.data_ptr(), tuple(raw.shape))
+            if key not in self._standins:
+                self._standins[key] = raw
+                raw.copy_(raw[self.rank].expand_as(raw).clone())
+            return blocks
+        dist.all_gather_into_tensor(raw.flatten(0, 1) if raw.ndim > 1 else raw, raw[self.rank].contiguous(),
+                                    group=self.group)
+        return blocks
+
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """x <- the largest of every rank's x, in place (a per-tensor scale all ranks must share)."""
+        if self.communicate:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
+        return x
 
     def gather_act(self, act: Fp8Act) -> Fp8Act:
         """An FP8 activation's rows from all ranks: its e4m3 values (moved as bytes: half the bf16 traffic)
@@ -405,7 +432,7 @@ class ParallelLinear(nn.Linear):
 def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = None, *,
                           rank: int | None = None, size: int | None = None, communicate: bool = True,
                           sequence_parallel: bool = False, overlap: Overlap = "none",
-                          local_layers: bool = False) -> nn.Module:
+                          local_layers: bool = False, local_attention: bool = False) -> nn.Module:
     """Split `model` in place for tensor-parallel rank `rank` of `size` (default: from `group`).
 
     Modules with a `num_heads` attribute have it divided by `size`. With `sequence_parallel`, one
@@ -413,7 +440,10 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
     that declares one (the model splits and gathers its tokens through it); `overlap` picks its
     collectives. `local_layers` (sequence parallel only): token-local layers (``token_local``) stay whole
     and run on the rank's own tokens; a token-local module with heads keeps all of them and gets the token
-    split as its `local_shards` (its rows' frames). `communicate=False` builds one rank's share with no collectives
+    split as its `local_shards` (its rows' frames). `local_attention` (with `local_layers`): modules that gather
+    keys (``gathers_keys``: self-attention) stay whole too, with all their heads and the token split as their
+    `local_shards`; modules with a `kv_shards` attribute (the model) get the token split there (its cache then
+    gathers every rank's K/V rows). `communicate=False` builds one rank's share with no collectives
     (benchmarks of a rank's compute alone). Building the model on the ``meta`` device first and sharding
     before materialising keeps memory to one rank's share.
     """
@@ -426,8 +456,23 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
     if local_layers and not sequence_parallel:
         raise ValueError("local_layers keeps token-local layers whole on each rank's own tokens, which needs "
                          "sequence_parallel=True (with every token on every rank each rank would run them all)")
+    if local_attention and not local_layers:
+        raise ValueError("local_attention keeps self-attention whole beside the token-local layers, which needs "
+                         "local_layers=True")
     shards = TokenShards(rank, size, group, overlap=overlap, communicate=communicate) if sequence_parallel else None
+    # self-attention kept whole (`local_attention`): its linear layers are too
+    whole = {id(sub) for module in model.modules() if local_attention and getattr(module, "gathers_keys", False)
+             for sub in module.modules() if isinstance(sub, ParallelLinear)}
     for module in model.modules():
+        if local_attention and hasattr(module, "kv_shards"):
+            setattr(module, "kv_shards", shards)  # noqa: B010 (the model whose cache gathers the K/V rows)
+        if id(module) in whole:
+            assert isinstance(module, ParallelLinear)
+            module.kept_whole = True
+            continue
+        if local_attention and getattr(module, "gathers_keys", False):
+            setattr(module, "local_shards", shards)  # noqa: B010 (whole, all heads, this rank's rows)
+            continue
         if local_layers and getattr(module, "token_local", False):
             if isinstance(module, ParallelLinear):
                 module.kept_whole = True

@@ -9,8 +9,10 @@ steps: one DiT rank of a `ranks`-way tensor-parallel session with exactly that r
 (communication excluded: no all-gather / reduce-scatter / all-reduce), replayed from CUDA graphs. A variant is
 `layout:precision:attention`, attention `bf16`, `fp8` (the kernel `auto` picks), `fp8-triton` or `fp8-cudnn`;
 layout `sp` (sequence parallel: the rank's 1/n of the token-wise work), `spl` (sequence parallel with the token-local
-layers whole: `topology.local_layers`, the MLP and the audio cross-attention on the rank's rows with whole weights)
-or `rep` (every token on every rank, the serving default). Each variant runs in a process of its own (memory;
+layers whole: `topology.local_layers`, the MLP and the audio cross-attention on the rank's rows with whole weights),
+`spa` (`spl` with self-attention whole too: `topology.local_attention`, each rank's queries over every key, its K/V
+rows gathered; here the gather is left out and the copy of the rows into the cache timed) or `rep` (every token on
+every rank, the serving default). Each variant runs in a process of its own (memory;
 one failing variant does not lose the others). The floor beside each time is the rank's FLOPs at the matmul
 rates measured in the same process: bf16 `torch.mm` and FP8 `torch._scaled_mm` (row-wise scales, fast
 accumulation), the best of five medians of an 8192^3 product each (`characters.flops.ChunkCost.floor_ms`).
@@ -80,10 +82,12 @@ def matmul_rates(n: int = 8192) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ steps
 def _cfg(preset: str, ranks: int, layout: str, precision: str, attention: str, layers: int | None = None,
          dtype: str = "bfloat16") -> Any:
-    if layout not in ("sp", "spl", "rep"):
-        raise ValueError(f"layout {layout!r}: expected sp, spl or rep")
+    if layout not in ("sp", "spl", "spa", "rep"):
+        raise ValueError(f"layout {layout!r}: expected sp, spl, spa or rep")
     topo: TopologyConfig = TOPOLOGIES[TOPOLOGY_FOR_RANKS[ranks]].model_copy(
-        update={"sequence_parallel": layout != "rep" and ranks > 1, "local_layers": layout == "spl" and ranks > 1})
+        update={"sequence_parallel": layout != "rep" and ranks > 1,
+                "local_layers": layout in ("spl", "spa") and ranks > 1,
+                "local_attention": layout == "spa" and ranks > 1})
     precision_a, _, kernel = attention.partition("-")  # "fp8-cudnn" / "fp8-triton": the FP8 attention kernel
     if precision_a not in ("bf16", "fp8") or kernel not in ("", "triton", "cudnn") or (kernel and precision_a != "fp8"):
         raise ValueError(f"attention {attention!r}: expected bf16, fp8, fp8-triton or fp8-cudnn")

@@ -345,6 +345,42 @@ def test_fp8_tensor_parallel_from_an_fp8_checkpoint(tmp_path: Path, layout: str)
         assert torch.equal(split[-1], torch.load(f"{out}.{1 - rank}")[-1])  # every rank holds the same latents
 
 
+def _attention_cfg(kernel: str, ranks: int):  # type: ignore[no-untyped-def]
+    topology = {"name": "cpu", "dit_ranks": 1, "decoder_gpus": 0, "sequence_parallel": ranks > 1,
+                "local_layers": ranks > 1, "local_attention": ranks > 1, "cpu_matmul": "float32"}
+    return session_config("tiny", topology, seed=4, model={
+        "attention_precision": "fp8", "attention_fp8_kernel": kernel, "dit": {"num_layers": 2, "num_heads": 6}})
+
+
+def _attention_rank(rank: int, ranks: int, port: int, kernel: str, out: str) -> None:
+    torch.set_num_threads(1)
+    join("gloo", port, rank, ranks)
+    done = False
+    try:
+        runner = DiTRunner(_attention_cfg(kernel, ranks), group=dist.group.WORLD, rank=rank, ranks=ranks,
+                           emulate_fp8=True)
+        torch.save(_session(runner, 5), f"{out}.{rank}")
+        del runner
+        done = True
+    finally:
+        leave(wait=done)
+
+
+@pytest.mark.parametrize("kernel", ["cudnn", "triton"])
+def test_fp8_cache_with_self_attention_whole_on_each_rank_equals_one_rank(tmp_path: Path, kernel: str) -> None:
+    """`topology.local_attention` with the FP8 cache in each kernel's form (cuDNN's: K and V e4m3 with one V scale
+    a layer, the largest over the ranks' first writes; Triton's: V transposed with a scale per row, three buffers
+    gathered): 3 gloo ranks (T = 187 rows: 2 of padding) give one rank's session, the ring of slots turning over, to
+    a rare e4m3 rounding flip (a rank's GEMMs run over its own rows: other float32 sums; one element of 5984 moved by
+    1.2e-4 in the first run, a row put in the wrong slot moves them by ~1)."""
+    one = _session(DiTRunner(_attention_cfg(kernel, 1), emulate_fp8=True), 5)
+    out = str(tmp_path / "out")
+    mp.spawn(_attention_rank, args=(3, free_port(), kernel, out), nprocs=3, join=True)
+    for rank in range(3):
+        for a, b in zip(one, torch.load(f"{out}.{rank}"), strict=True):
+            torch.testing.assert_close(b, a, atol=1e-3, rtol=1e-3)
+
+
 def test_fp8_act_gather_moves_bytes() -> None:
     """Sequence parallelism's gather of an FP8 activation without communication (one rank's share): the rank's
     rows land in its block as bytes, scales beside them."""

@@ -20,25 +20,28 @@ from characters.tp import TokenShards
 CHUNKS = 5
 
 
-def _topology(sequence_parallel: bool, local_layers: bool = False) -> dict[str, object]:
+def _topology(sequence_parallel: bool, local_layers: bool = False, local_attention: bool = False
+              ) -> dict[str, object]:
     # the rank count comes from DiTRunner's `ranks`; the topology carries the parallelism options. float32 GEMMs on
     # one rank too (`cpu_matmul`: bf16 ones serve one rank only, and round otherwise than the ranks' split GEMMs)
     return {"name": "cpu", "dit_ranks": 1, "decoder_gpus": 0, "sequence_parallel": sequence_parallel,
-            "local_layers": local_layers, "cpu_matmul": "float32"}
+            "local_layers": local_layers or local_attention, "local_attention": local_attention,
+            "cpu_matmul": "float32"}
 
 
-def _cfg(sequence_parallel: bool = True, local_layers: bool = False, frames: int = 1):  # type: ignore[no-untyped-def]
+def _cfg(sequence_parallel: bool = True, local_layers: bool = False, frames: int = 1,
+         local_attention: bool = False):  # type: ignore[no-untyped-def]
     # 6 heads split over 2 and 3 ranks; over 4, tiny's own 4 heads (`_cfg_for`). `frames`: latent frames per chunk
     # (the audio cross-attention is per frame: > 1 puts frame boundaries inside a rank's rows)
     model: dict[str, object] = {"dit": {"num_layers": 2, "num_heads": 6}}
     if frames > 1:
         model["generation"] = {"latent_frames_per_chunk": frames, "window_latent_frames": 2 * frames}
-    return session_config("tiny", _topology(sequence_parallel, local_layers), seed=9, model=model)
+    return session_config("tiny", _topology(sequence_parallel, local_layers, local_attention), seed=9, model=model)
 
 
 def _cfg_for(ranks: int, sequence_parallel: bool = True, local_layers: bool = False,
-             frames: int = 1):  # type: ignore[no-untyped-def]
-    cfg = _cfg(sequence_parallel, local_layers, frames)
+             frames: int = 1, local_attention: bool = False):  # type: ignore[no-untyped-def]
+    cfg = _cfg(sequence_parallel, local_layers, frames, local_attention)
     if cfg.model.dit.num_heads % ranks:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
             update={"dit": cfg.model.dit.model_copy(update={"num_heads": 4})})})
@@ -100,6 +103,29 @@ def test_tensor_parallel_equals_single_rank(ranks: int, sp: bool, overlap: str, 
                                             frames: int, tmp_path) -> None:
     expected = _session(DiTRunner(_cfg_for(ranks, frames=frames)))
     _spawn(_session_rank, ranks, sp, overlap, switch_at, local, frames, str(tmp_path / "out"))
+    for rank in range(ranks):
+        got = torch.load(tmp_path / f"out.{rank}")
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def _attention_rank(rank: int, ranks: int, frames: int, out_path: str) -> None:
+    runner = DiTRunner(_cfg_for(ranks, frames=frames, local_attention=True), group=dist.group.WORLD, rank=rank,
+                       ranks=ranks)
+    torch.save(_session(runner), f"{out_path}.{rank}")
+
+
+@pytest.mark.parametrize(("ranks", "frames"), [
+    (2, 1),
+    (3, 1),  # T = 187: the last rank's rows end in 2 padding rows, kept out of the cache
+    (4, 2),  # two frames a chunk (T = 374), 2 padding rows
+])
+def test_local_attention_equals_single_rank(ranks: int, frames: int, tmp_path) -> None:
+    """Self-attention kept whole on each rank's rows too (`topology.local_attention`): every rank gathers the
+    chunk's K/V rows into its cache and attends its own queries; the session equals one rank's, chunk by chunk (the
+    ring of cache slots turning over: 5 chunks, 3 slots)."""
+    expected = _session(DiTRunner(_cfg_for(ranks, frames=frames)))
+    _spawn(_attention_rank, ranks, frames, str(tmp_path / "out"))
     for rank in range(ranks):
         got = torch.load(tmp_path / f"out.{rank}")
         for a, b in zip(got, expected, strict=True):
@@ -289,6 +315,87 @@ def test_local_layers_keep_the_token_local_layers_whole_and_split_self_attention
     assert cross.local_shards is runner.dit.shards
     assert all(m.kept_whole for m in (block.fc1, block.fc2, cross.q, cross.kv, cross.o))
     assert not block.self_attn.qkv.kept_whole and block.fc1.shards is None and block.self_attn.qkv.shards is not None
+
+
+def test_local_attention_keeps_self_attention_whole_with_every_head_in_the_cache() -> None:
+    runner = DiTRunner(_cfg_for(4, local_attention=True), rank=1, ranks=4, communicate=False)
+    attn = runner.dit.blocks[0].self_attn
+    assert attn.num_heads == 4 and attn.qkv.weight.shape == (3 * 192, 192) and attn.o.weight.shape == (192, 192)
+    assert attn.qkv.kept_whole and attn.o.kept_whole and attn.qkv.shards is None and attn.o.shards is None
+    assert attn.local_shards is runner.dit.shards is runner.dit.kv_shards
+    assert runner.cache.k.shape[2] == 4  # every head's keys
+    split = DiTRunner(_cfg_for(4, local_layers=True), rank=1, ranks=4, communicate=False)
+    assert split.dit.kv_shards is None and split.cache.k.shape[2] == 1
+
+
+def _gathers_per_chunk(runner: DiTRunner) -> dict[str, int]:
+    """The TokenShards calls one chunk's forward makes (the reference frame's pass aside)."""
+    shards = runner.dit.shards
+    assert shards is not None
+    calls = {"gather": 0, "reduce_scatter": 0, "gather_blocks": 0}
+    for name in calls:
+        method = getattr(shards, name)
+
+        def counted(*a: object, _name: str = name, _method: Callable[..., torch.Tensor] = method) -> torch.Tensor:
+            calls[_name] += 1
+            return _method(*a)
+
+        setattr(shards, name, counted)
+    h, w = runner.cfg.model.latent_hw
+    runner.start(torch.randn(1, runner.cfg.model.dit.latent_channels, h, w))
+    calls.update(gather=0, reduce_scatter=0, gather_blocks=0)
+    runner.step(np.zeros(runner.frontend.expected_samples, dtype=np.float32))
+    return calls
+
+
+def test_local_attention_gathers_only_the_key_value_rows() -> None:
+    """Per block one gather of every rank's K/V rows and no reduce-scatter; the head's gather per pass. The counts
+    and the bytes (K and V of every rank's m rows, padding included) are what `chunk_collectives` lists."""
+    from characters.flops import chunk_collectives
+
+    cfg = _cfg_for(3, local_attention=True)
+    calls = _gathers_per_chunk(DiTRunner(cfg, rank=2, ranks=3, communicate=False))
+    layers = cfg.model.dit.num_layers
+    passes = calls["gather"]
+    assert passes >= 1 and calls == {"gather": passes, "reduce_scatter": 0, "gather_blocks": passes * layers}
+    listed = chunk_collectives(cfg.model_copy(update={"topology": cfg.topology.model_copy(update={"dit_ranks": 3})}))
+    assert sum(c.calls for c in listed if c.op == "reduce_scatter") == 0
+    kv = [c for c in listed if "K/V" in c.what]
+    t, d = cfg.model.tokens_per_chunk, cfg.model.dit.dim
+    assert [(c.calls, c.bytes) for c in kv] == [(passes * layers, 2 * 3 * -(-t // 3) * d * 4)]  # float32 rows
+    assert sum(c.calls for c in listed if c.op == "all_gather") == passes * (layers + 1)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gathered_rows_land_in_token_order_at_an_int_or_a_device_offset(fp8: bool) -> None:
+    """`attend_rows`' copy of every rank's block into the cache: rank c's row i at offset + c*m + i, padding rows left
+    out, the rest of the cache untouched; a tensor offset (CUDA-graph replays) writes what the int does."""
+    from characters.kv_cache import _scatter_rows
+
+    n, m, tokens, offset = 3, 4, 10, 5  # the last rank: 2 rows and 2 of padding
+    blocks = torch.randn(n, 1, 2, m, 3)  # (n, B, Hh, m, Dh)
+    cache = torch.full((1, 2, 20, 3), 7.0)  # (B, Hh, S, Dh)
+    if fp8:
+        blocks, cache = blocks.to(torch.float8_e4m3fn), cache.to(torch.float8_e4m3fn)
+    by_int, by_tensor = cache.clone(), cache.clone()
+    _scatter_rows(by_int, blocks, offset, tokens, axis=2)
+    _scatter_rows(by_tensor, blocks, torch.tensor(offset), tokens, axis=2)
+    assert torch.equal(by_int.view(torch.uint8), by_tensor.view(torch.uint8))
+    rows = torch.cat(list(blocks), 2)  # (B, Hh, n*m, Dh): the ranks' rows in order
+    assert torch.equal(by_int[:, :, offset:offset + tokens].float(), rows[:, :, :tokens].float())
+    assert torch.equal(by_int[:, :, :offset].float(), cache[:, :, :offset].float())
+    assert torch.equal(by_int[:, :, offset + tokens:].float(), cache[:, :, offset + tokens:].float())
+
+
+def test_local_attention_needs_the_token_local_layers_whole() -> None:
+    from characters.dit import CausalDiT
+    from characters.tp import apply_tensor_parallel
+
+    with pytest.raises(ValueError, match=r"local_attention=true needs topology\.local_layers=true"):
+        session_config("tiny", {**_topology(True), "local_attention": True})
+    with torch.device("meta"), pytest.raises(ValueError, match=r"local_attention .* needs local_layers=True"):
+        apply_tensor_parallel(CausalDiT(_cfg_for(2).model), rank=0, size=2, communicate=False,
+                              sequence_parallel=True, local_attention=True)
 
 
 def _collectives_per_forward(local: bool) -> tuple[int, int]:
