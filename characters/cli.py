@@ -37,19 +37,22 @@ def _presets(_: argparse.Namespace) -> int:
           f"budget {budget:.1f} ms per chunk")
     print("measured 57b rank steps (benchmarks/h200/step_57b_tp*_fp8.json, communication excluded, sequence "
           "parallel): h100x4 (3 + 1) bf16 205.0 ms, FP8 151.4 ms; h100x5 (4 + 1) bf16 156.3, FP8 116.0 ms")
-    print("57b, sequence parallel in FP8, per rank: parameters and collectives a chunk, every layer split -> the "
-          "token-local layers whole (topology.local_layers)")
+    print("57b, sequence parallel in FP8 (and its KV cache), per rank: parameters and collectives a chunk, every "
+          "layer split -> the token-local layers whole (topology.local_layers) -> self-attention whole too "
+          "(topology.local_attention)")
     for topo in ("h100x4", "h100x5"):
         rows = []
-        for local in (False, True):
-            t = TOPOLOGIES[topo].model_copy(update={"sequence_parallel": True, "local_layers": local})
-            cfg = session_config("57b", t.model_dump(), dtype="bfloat16", model={"precision": "fp8"})
+        for local, attention in ((False, False), (True, False), (True, True)):
+            t = TOPOLOGIES[topo].model_copy(update={"sequence_parallel": True, "local_layers": local,
+                                                    "local_attention": attention})
+            cfg = session_config("57b", t.model_dump(), dtype="bfloat16",
+                                 model={"precision": "fp8", "attention_precision": "fp8"})
             calls = chunk_collectives(cfg)
             rows.append((chunk_cost(cfg).params_per_rank / 1e9, sum(c.calls for c in calls),
                          sum(c.calls * c.bytes for c in calls) / 1e9))
-        (p0, n0, b0), (p1, n1, b1) = rows
-        print(f"  {topo}: {p0:.1f} B -> {p1:.1f} B parameters, {n0} -> {n1} calls, "
-              f"{b0:.1f} -> {b1:.1f} GB of tensors (whole)")
+        print(f"  {topo}: " + " -> ".join(f"{p:.1f} B" for p, _, _ in rows) + " parameters, "
+              + " -> ".join(str(n) for _, n, _ in rows) + " calls, "
+              + " -> ".join(f"{b:.1f}" for _, _, b in rows) + " GB of tensors (whole)")
     return 0
 
 

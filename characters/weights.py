@@ -168,8 +168,9 @@ def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: 
     if not whole.is_file():
         if kept_whole:
             raise FileNotFoundError(f"weights directory {directory} has no dit.safetensors: topology.local_layers "
-                                    f"keeps the MLP and the audio cross-attention whole on every rank, and "
-                                    f"{path.name} holds 1/{ranks} of them; give the whole checkpoint or set "
+                                    "keeps the MLP and the audio cross-attention (with local_attention, self-attention "
+                                    f"too) whole on every rank, and {path.name} holds 1/{ranks} of them; give the "
+                                    "whole checkpoint or set "
                                     "topology.local_layers=false")
         raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
     # one tensor at a time, read on the host and cut to this rank's slice before it reaches the model's device: the

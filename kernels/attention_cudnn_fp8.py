@@ -102,10 +102,11 @@ class CudnnFp8Graph:
     """One cuDNN FP8 SDPA graph for fixed shapes and strides (built once: ~0.1 s); `run` executes it on the given
     tensors of those shapes. `valid`: keys past it hidden by a padding mask (None: no mask, every key of k8 read).
     The output's dtype is `out`'s (e4m3; bf16 is refused by cuDNN on Hopper). `plan`: build only that execution
-    plan of the heuristics' list (`plans` long), for probing them; None: the first that builds."""
+    plan of the heuristics' list (`plans` long), for probing them; None: the first that builds. `amax`: P's and the
+    output's amax as outputs of the graph (the model reads neither; False builds them virtual, for probing)."""
 
     def __init__(self, cudnn: Any, handle: Any, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
-                 out: torch.Tensor, valid: int | None, plan: int | None = None) -> None:
+                 out: torch.Tensor, valid: int | None, plan: int | None = None, amax: bool = True) -> None:
         e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
         g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
         self.t = {n: g.tensor(name=n, dim=list(x.shape), stride=list(x.stride()), data_type=e4m3)
@@ -127,8 +128,8 @@ class CudnnFp8Graph:
             generate_stats=False, attn_scale=1.0 / math.sqrt(q8.shape[-1]), name="attention_fp8", **mask)
         o_type = e4m3 if out.dtype == FP8 else cudnn.data_type.BFLOAT16
         o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(o_type)
-        for a in (amax_s, amax_o):
-            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+        for a in (amax_s, amax_o):  # `amax` False: left virtual (nothing reads them), for probing
+            a.set_output(amax).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -138,7 +139,7 @@ class CudnnFp8Graph:
             g.build_plans()
         else:
             g.build_plan_at_index(plan)
-        self.graph, self.o, self.amax, self.plan = g, o, (amax_s, amax_o), plan
+        self.graph, self.o, self.amax, self.plan, self.with_amax = g, o, (amax_s, amax_o), plan, amax
         size = g.get_workspace_size() if plan is None else g.get_workspace_size_plan_at_index(plan)
         self.workspace = torch.empty(max(1, size), device=dev, dtype=torch.uint8)
         self.amax_buf = torch.zeros(2, 1, 1, 1, 1, device=dev)  # P's and the output's amax (cuDNN writes them)
@@ -152,8 +153,9 @@ class CudnnFp8Graph:
         s = self.s
         pack = {self.t["q"]: q8, self.t["k"]: k8, self.t["v"]: v8, self.o: out,
                 s["dq"]: qk_scale[0:1], s["dk"]: qk_scale[1:2], s["dv"]: v_scale, s["ds"]: self.p_scales[0],
-                s["ss"]: self.p_scales[1], s["so"]: v_inv, self.amax[0]: self.amax_buf[0],
-                self.amax[1]: self.amax_buf[1], **self.lens}
+                s["ss"]: self.p_scales[1], s["so"]: v_inv, **self.lens}
+        if self.with_amax:
+            pack.update({self.amax[0]: self.amax_buf[0], self.amax[1]: self.amax_buf[1]})
         if self.plan is None:
             self.graph.execute(pack, self.workspace, handle=handle)
         else:

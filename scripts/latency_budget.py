@@ -96,11 +96,14 @@ def collectives_ms(session: SessionConfig, fit: dict[str, dict[str, float]]) -> 
 
 
 def rank_session(ranks: int, layout: str, precision: str = "fp8") -> SessionConfig:
-    """The `57b` session whose rank a row measured: `sp`, `sp_local` (token-local layers whole) or `rep`; bf16
-    activations (the GPU runs')."""
+    """The `57b` session whose rank a row measured: `sp`, `sp_local` (token-local layers whole), `sp_kv` (self-attention
+    whole too, its K/V rows gathered in cuDNN's FP8 form: the measured rows' cache) or `rep`; bf16 activations (the
+    GPU runs')."""
     topo = TOPOLOGIES[{2: "b200x3", 3: "h100x4", 4: "h100x5"}[ranks]].model_copy(
-        update={"sequence_parallel": layout != "rep", "local_layers": layout == "sp_local"})
-    return session_config("57b", topo.model_dump(), dtype="bfloat16", model={"precision": precision})
+        update={"sequence_parallel": layout != "rep", "local_layers": layout in ("sp_local", "sp_kv"),
+                "local_attention": layout == "sp_kv"})
+    model = {"precision": precision} | ({"attention_precision": "fp8"} if layout == "sp_kv" else {})
+    return session_config("57b", topo.model_dump(), dtype="bfloat16", model=model)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -185,6 +188,13 @@ def main() -> None:
            rank_session(n, "sp_local"), f"benchmarks/h200/step_57b_tp{n}_local.json (spl:fp8:fp8-cudnn)"
            + local.format(round(fp8_row(local_runs[n], "sp:fp8:fp8-cudnn"), 1))) for n in (4, 3)),
     ]
+    kv_runs = {n: b / "h200" / f"step_57b_tp{n}_kv.json" for n in (4, 3)}
+    topologies += [
+        (f"{n} + 1, FP8 + cuDNN, local layers + attention", fp8_row(path, "spa:fp8:fp8-cudnn"),
+         rank_session(n, "sp_kv"), f"benchmarks/h200/step_57b_tp{n}_kv.json (spa:fp8:fp8-cudnn; topology."
+         "local_attention: self-attention whole too, the K/V rows gathered, their copy into the cache timed, the "
+         f"local-layers rank {fp8_row(path, 'spl:fp8:fp8-cudnn'):.1f} ms in the same run)")
+        for n, path in kv_runs.items() if path.is_file()]
     host_in, network = statistics.median(host_ins), statistics.median(networks)
     rows = []
     for name, dit, session, source in topologies:
