@@ -54,6 +54,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "sp_ring": {"sequence_parallel": True, "tp_overlap": "ring"},
     "sp_symm_mem": {"sequence_parallel": True, "tp_overlap": "symm_mem"},
     "sp_local": {"sequence_parallel": True, "tp_overlap": "none", "local_layers": True},  # token-local layers whole
+    "sp_kv": {"sequence_parallel": True, "tp_overlap": "none", "local_layers": True,
+              "local_attention": True},  # self-attention whole too, its K/V rows gathered
 }
 # The tiny preset cut down for 2 cores (as the Ray tests run it): one DiT block, 64x96, no decoder res blocks.
 SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}

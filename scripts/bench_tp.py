@@ -11,8 +11,10 @@ rank's share (seeded, TP-invariant init). Per rank, in turn (CUDA graphs on GPUs
 - ``sp_symm_mem``: sequence parallel, PyTorch's fused all-gather+matmul / matmul+reduce-scatter (symmetric memory);
 - ``sp_left_out``: sequence parallel with the collectives left out (`communicate=False`): compute alone;
 - ``sp_local`` / ``sp_local_left_out``: sequence parallel with the token-local layers whole
-  (`topology.local_layers`: only self-attention communicates), with and without its collectives.
-Exposed communication of a variant = its time minus ``sp_left_out`` (for ``replicated`` and ``sp_local``,
+  (`topology.local_layers`: only self-attention communicates), with and without its collectives;
+- ``sp_kv`` / ``sp_kv_left_out``: self-attention whole too (`topology.local_attention`: one gather of the K/V rows
+  a block), with and without it.
+Exposed communication of a variant = its time minus ``sp_left_out`` (for ``replicated``, ``sp_local`` and ``sp_kv``,
 minus its own left-out twin: every token's elementwise work, the whole layers' GEMM shapes). The floor is the
 rank's FLOPs at the bf16 matmul rate measured on its GPU. Writes JSON from rank 0.
 """
@@ -42,18 +44,21 @@ from characters.flops import chunk_cost
 from characters.process_group import free_port, join, leave
 from scripts.bench_step import env_info, matmul_rate, timed
 
-# variant -> (sequence parallel, overlap, communicate, token-local layers whole)
-VARIANTS: dict[str, tuple[bool, str, bool, bool]] = {
-    "sp_left_out": (True, "none", False, False),
-    "sp_none": (True, "none", True, False),
-    "sp_ring": (True, "ring", True, False),
-    "sp_symm_mem": (True, "symm_mem", True, False),
-    "sp_local": (True, "none", True, True),
-    "sp_local_left_out": (True, "none", False, True),
-    "replicated": (False, "none", True, False),
-    "replicated_left_out": (False, "none", False, False),
+# variant -> (sequence parallel, overlap, communicate, token-local layers whole, self-attention whole)
+VARIANTS: dict[str, tuple[bool, str, bool, bool, bool]] = {
+    "sp_left_out": (True, "none", False, False, False),
+    "sp_none": (True, "none", True, False, False),
+    "sp_ring": (True, "ring", True, False, False),
+    "sp_symm_mem": (True, "symm_mem", True, False, False),
+    "sp_local": (True, "none", True, True, False),
+    "sp_local_left_out": (True, "none", False, True, False),
+    "sp_kv": (True, "none", True, True, True),
+    "sp_kv_left_out": (True, "none", False, True, True),
+    "replicated": (False, "none", True, False, False),
+    "replicated_left_out": (False, "none", False, False, False),
 }
-TWINS = {"replicated": "replicated_left_out", "sp_local": "sp_local_left_out"}  # else sp_left_out
+TWINS = {"replicated": "replicated_left_out", "sp_local": "sp_local_left_out",
+         "sp_kv": "sp_kv_left_out"}  # else sp_left_out
 
 
 def step_ms(runner: DiTRunner, device: torch.device, iters: int, graphs: bool,
@@ -94,9 +99,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     try:
         rows: dict[str, Any] = {}
         for name in args.variants.split(","):
-            sp, overlap, communicate, local = VARIANTS[name]
+            sp, overlap, communicate, local, attention = VARIANTS[name]
             topo = {"name": f"tp{args.ranks}", "dit_ranks": args.ranks, "decoder_gpus": 0, "sequence_parallel": sp,
-                    "tp_overlap": overlap, "local_layers": local}
+                    "tp_overlap": overlap, "local_layers": local, "local_attention": attention}
             cfg = session_config(args.preset, topo, dtype="bfloat16" if cuda else "float32")
             runner = DiTRunner(cfg, device=device, group=dist.group.WORLD, rank=rank, ranks=args.ranks,
                                communicate=communicate)

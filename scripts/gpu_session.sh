@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install carried wheels, run the GPU tests, then the benchmarks.
 # Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|profile|pipeline|fp8|all]
-#   fp8: FP8_PARTS (default "tests attention tp3 tp4 wan"; also tp2 local lipsync drift drift57) picks the FP8 runs
+#   fp8: FP8_PARTS (default "tests attention tp3 tp4 wan"; also tp2 local kv lipsync drift drift57) picks the FP8 runs
 #   (docs/fp8.md), each under its own timeout; lipsync needs .cache/tiny_data/test.npz carried.
 #   or `source scripts/gpu_session.sh setup` to install the wheels and set the environment for commands of your own.
 # Carry .whl_pipeline (scripts/device_wheels.sh: Ray and the chunk path's other needs, 43 MB) or an older .whl.
@@ -42,7 +42,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 scripts/bench_tp.py --preset 57b --ranks 2 --device cuda --iters 8 \
       --variants sp_left_out,replicated_left_out,replicated,sp_none,sp_symm_mem,sp_ring --out "$OUT/tp_57b_2_all.json"
     python3 scripts/bench_tp.py --preset 57b --ranks 2 --device cuda --iters 8 \
-      --variants sp_left_out,sp_none,sp_local_left_out,sp_local --out "$OUT/tp_57b_2_local.json"
+      --variants sp_left_out,sp_none,sp_local_left_out,sp_local,sp_kv_left_out,sp_kv --out "$OUT/tp_57b_2_local.json"
   fi
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
@@ -70,6 +70,10 @@ if [ "$what" = fp8 ]; then  # the FP8 path (issue 17): GPU tests, attention kern
     --out "$OUT/step_57b_tp3_local.json"  # the token-local layers whole: the rank's compute (topology.local_layers)
   part local && b steps --preset 57b --ranks 4 --variants sp:fp8:fp8-cudnn,spl:fp8:fp8-cudnn \
     --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_57b_tp4_local.json"
+  part kv && b steps --preset 57b --ranks 3 --variants spl:fp8:fp8-cudnn,spa:fp8:fp8-cudnn \
+    --timeline-variants spa:fp8:fp8-cudnn --out "$OUT/step_57b_tp3_kv.json"  # self-attention whole too
+  part kv && b steps --preset 57b --ranks 4 --variants spl:fp8:fp8-cudnn,spa:fp8:fp8-cudnn \
+    --timeline-variants spa:fp8:fp8-cudnn --out "$OUT/step_57b_tp4_kv.json"  # (topology.local_attention)
   part wan && b steps --preset wan-1.3b --ranks 1 --variants "${FP8_WAN:-rep:fp8:bf16,rep:fp8:fp8}" \
     --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_wan-1.3b_fp8.json"
   part lipsync && b lipsync --variants "${FP8_LIPSYNC:-bf16:bf16,fp8:bf16,fp8:fp8}" --seeds "${FP8_SEEDS:-3}" \
