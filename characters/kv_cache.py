@@ -37,6 +37,7 @@ from kernels.attention_fp8 import attention_fp8
 from kernels.fp8 import FP8, Fp8Act, quantize_rows
 from kernels.qkv_prep import qkv_prep, rms_norm_ref, rope_ref
 from kernels.qkv_prep_fp8 import qkv_prep_fp8, set_v_tensor_scale
+from kernels.scatter_rows import scatter_rows
 
 
 def fp8_attention_kernel(cfg: ModelConfig, device: torch.device | str) -> str:
@@ -180,8 +181,7 @@ class KVCache:
             q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, st[r, 0], st[r, 1], vs, qks, 0, self.eps, out=q8,
                              v_layout="tensor")
             shards.gather_blocks(st)
-            _scatter_rows(k, st[:, 0], offset, t, axis=2)
-            _scatter_rows(v, st[:, 1], offset, t, axis=2)
+            scatter_rows(st, k, v, offset, t)
             o = torch.empty(b, m, hh, dh, device=qkv.device, dtype=FP8).transpose(1, 2)  # token-major, as q
             attention_fp8_tensor(q, k, v, valid, qks, vs, o, "cudnn" if qkv.is_cuda else "torch", self.v_inv[layer])
             if not fp8_out:
@@ -206,8 +206,7 @@ class KVCache:
         q = qkv_prep(qkv, q_weight, k_weight, cos, sin, st[r, 0], st[r, 1], 0, self.eps, out=q)
         shards.gather_blocks(st)
         kc, vc = self.k[layer], self.v[layer]
-        _scatter_rows(kc, st[:, 0], offset, t, axis=2)
-        _scatter_rows(vc, st[:, 1], offset, t, axis=2)
+        scatter_rows(st, kc, vc, offset, t)
         return (attention_fp8_out if fp8_out else attention)(q, kc[:, :, :valid], vc[:, :, :valid], self.backend)
 
     def _stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -252,7 +251,8 @@ class KVCache:
 
 
 def _scatter_rows(dst: torch.Tensor, blocks: torch.Tensor, offset: int | torch.Tensor, tokens: int, axis: int) -> None:
-    """Rank c's rows of `blocks` (n, ...dst's dims, with m along `axis`) into `dst` along `axis` at offset + c*m, the
+    """(The Triton FP8 cache's three buffers; K and V in one buffer go through `kernels.scatter_rows`.) Rank c's rows
+    of `blocks` (n, ...dst's dims, with m along `axis`) into `dst` along `axis` at offset + c*m, the
     first min(m, tokens - c*m) of each (padding rows past `tokens` stay out). `offset`: a host int, or an int64
     device tensor (CUDA-graph replays writing different ring slots: an indexed copy)."""
     n, m = blocks.shape[0], blocks.shape[axis + 1]

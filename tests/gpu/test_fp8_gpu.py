@@ -18,6 +18,7 @@ from kernels.attention_cudnn_fp8 import attention_cudnn_fp8, attention_fp8_tenso
 from kernels.attention_fp8 import attention_fp8_ref, attention_fp8_triton
 from kernels.fp8 import FP8, Fp8Act, dequantize_rows, fp8_linear, fp8_linear_ref, quantize_rows_ref, quantize_weight
 from kernels.qkv_prep_fp8 import qkv_prep_fp8_ref, qkv_prep_fp8_triton, set_v_tensor_scale
+from kernels.scatter_rows import scatter_rows_ref, scatter_rows_triton
 from kernels.testing import make_qkv_prep_inputs, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -287,3 +288,27 @@ def test_fp8_error_does_not_grow_along_the_cache(attention: str) -> None:
     errs = np.array([rel_err(b, a) for a, b in zip(base, fp8, strict=True)])
     assert errs.max() < 0.2, errs
     assert errs[75:].mean() < 1.5 * errs[:25].mean() + 1e-3, errs  # carried through the cache, it would grow
+
+
+@pytest.mark.parametrize(("n", "heads"), [(3, 72), (4, 72)])
+def test_scatter_rows_kernel_matches_reference_in_a_graph(n: int, heads: int) -> None:
+    """`topology.local_attention`'s copy of the gathered K/V rows (57b: 2992 tokens, e4m3 rows of 128 bytes) into a
+    cuDNN-form cache at a device offset, replayed from a CUDA graph at two ring slots: byte-equal to the reference."""
+    t, dh = 2992, 128
+    m = -(-t // n)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    blocks = (torch.randn(n, 2, 1, heads, m, dh, device="cuda", generator=g) * 8).to(FP8)
+    k, v = ((torch.randn(1, heads, 14976, dh, device="cuda", generator=g) * 8).to(FP8) for _ in range(2))
+    want_k, want_v, got_k, got_v = k.clone(), v.clone(), k.clone(), v.clone()
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    scatter_rows_triton(blocks, got_k, got_v, offset, t)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scatter_rows_triton(blocks, got_k, got_v, offset, t)
+    for slot in (2992, 8976):
+        offset.fill_(slot)
+        graph.replay()
+        scatter_rows_ref(blocks, want_k, want_v, slot, t)
+    torch.cuda.synchronize()
+    assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
