@@ -301,7 +301,8 @@ def test_scatter_rows_kernel_matches_reference_in_a_graph(n: int, heads: int) ->
     k, v = ((torch.randn(1, heads, 14976, dh, device="cuda", generator=g) * 8).to(FP8) for _ in range(2))
     want_k, want_v, got_k, got_v = k.clone(), v.clone(), k.clone(), v.clone()
     offset = torch.zeros((), dtype=torch.int64, device="cuda")
-    scatter_rows_triton(blocks, got_k, got_v, offset, t)  # compiled outside the capture
+    scatter_rows_triton(blocks, got_k, got_v, offset, t)  # compiled outside the capture (slot 0)
+    scatter_rows_ref(blocks, want_k, want_v, 0, t)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         scatter_rows_triton(blocks, got_k, got_v, offset, t)
