@@ -37,7 +37,7 @@ from kernels.attention_fp8 import attention_fp8
 from kernels.fp8 import FP8, Fp8Act, quantize_rows
 from kernels.qkv_prep import qkv_prep, rms_norm_ref, rope_ref
 from kernels.qkv_prep_fp8 import qkv_prep_fp8, set_v_tensor_scale
-from kernels.scatter_rows import scatter_rows
+from kernels.scatter_rows import scatter_axis, scatter_rows
 
 
 def fp8_attention_kernel(cfg: ModelConfig, device: torch.device | str) -> str:
@@ -196,9 +196,9 @@ class KVCache:
             q = qkv_prep_fp8(qkv, q_weight, k_weight, cos, sin, kst[r], vtst[r], vsst[r], qks, 0, self.eps, out=q8)
             for buf in (kst, vtst, vsst):
                 shards.gather_blocks(buf)
-            _scatter_rows(k, kst, offset, t, axis=2)
-            _scatter_rows(vt, vtst, offset, t, axis=3)
-            _scatter_rows(vs, vsst, offset, t, axis=2)
+            scatter_axis(k, kst, offset, t, axis=2)
+            scatter_axis(vt, vtst, offset, t, axis=3)
+            scatter_axis(vs, vsst, offset, t, axis=2)
             out = attention_fp8(q, k[:, :, :valid], vt[..., :valid], vs[..., :valid], qks, qkv.dtype)
             return quantize_rows(out.transpose(1, 2).reshape(b, m, hh * dh)) if fp8_out else out
         st = self._stage((n, 2, b, hh, m, dh), self.dtype)  # (n, K|V, B, Hh, m, Dh)
@@ -249,22 +249,3 @@ class KVCache:
             return (o.float() * vs).to(qkv.dtype)  # (B, Hh, T, Dh)
         return Fp8Act(o.transpose(1, 2).reshape(b, t, hh * dh), vs.expand(b, t, 1).contiguous())
 
-
-def _scatter_rows(dst: torch.Tensor, blocks: torch.Tensor, offset: int | torch.Tensor, tokens: int, axis: int) -> None:
-    """(The Triton FP8 cache's three buffers; K and V in one buffer go through `kernels.scatter_rows`.) Rank c's rows
-    of `blocks` (n, ...dst's dims, with m along `axis`) into `dst` along `axis` at offset + c*m, the
-    first min(m, tokens - c*m) of each (padding rows past `tokens` stay out). `offset`: a host int, or an int64
-    device tensor (CUDA-graph replays writing different ring slots: an indexed copy)."""
-    n, m = blocks.shape[0], blocks.shape[axis + 1]
-    if dst.dtype == FP8:  # copied as bytes
-        dst, blocks = dst.view(torch.uint8), blocks.view(torch.uint8)
-    for c in range(n):
-        count = min(m, tokens - c * m)
-        if count <= 0:
-            break
-        src = blocks[c].narrow(axis, 0, count)
-        if isinstance(offset, int):
-            dst.narrow(axis, offset + c * m, count).copy_(src)
-        else:
-            rows = torch.arange(c * m, c * m + count, device=dst.device) + offset
-            dst.index_copy_(axis, rows, src)

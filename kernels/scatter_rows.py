@@ -9,6 +9,7 @@ ring slots). The Triton kernel does both K and V of every rank in one launch, in
 move as 4-byte words where their bytes allow (e4m3's 128-byte rows: 32 words).
 
 Public API:
+    scatter_axis         the reference for one buffer along any axis (the Triton FP8 cache's three buffers)
     scatter_rows_ref     the readable reference (torch copies); the CPU path
     scatter_rows_triton  one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
     scatter_rows         dispatch
@@ -23,7 +24,7 @@ from kernels._triton import HAS_TRITON, check_triton_mode, interpreter_enabled, 
 if HAS_TRITON:
     import triton.language as tl
 
-__all__ = ["scatter_rows", "scatter_rows_ref", "scatter_rows_triton"]
+__all__ = ["scatter_axis", "scatter_rows", "scatter_rows_ref", "scatter_rows_triton"]
 
 
 def _check(blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int) -> None:
@@ -42,23 +43,31 @@ def _check(blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int) 
         raise fail(f"tokens={tokens} must be in [1, {n * m}] (n * m rows)")
 
 
-def scatter_rows_ref(blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int | torch.Tensor,
-                     tokens: int) -> None:
-    """Reference: per rank and per K / V, a copy of its rows (an indexed copy for a tensor offset)."""
-    _check(blocks, k, v, tokens)
-    m = blocks.shape[4]
-    for c in range(blocks.shape[0]):
+def scatter_axis(dst: torch.Tensor, blocks: torch.Tensor, offset: int | torch.Tensor, tokens: int, axis: int) -> None:
+    """The reference for one buffer of any layout: rank c's rows of `blocks` (n, ...dst's dims, with m along
+    `axis`) into `dst` along `axis` at offset + c*m, the first min(m, tokens - c*m) of each (an indexed copy for a
+    tensor offset). The Triton FP8 cache's V (transposed: keys last) and V scales go through it."""
+    n, m = blocks.shape[0], blocks.shape[axis + 1]
+    if dst.element_size() == 1:  # copied as bytes: index_copy_ has no FP8 kernels
+        dst, blocks = dst.view(torch.uint8), blocks.view(torch.uint8)
+    for c in range(n):
         count = min(m, tokens - c * m)
         if count <= 0:
             break
-        for dst, src in ((k, blocks[c, 0]), (v, blocks[c, 1])):
-            src = src[:, :, :count]
-            if isinstance(offset, int):
-                dst[:, :, offset + c * m : offset + c * m + count].copy_(src)
-            else:  # copied as bytes: index_copy_ has no FP8 kernels
-                raw = dst.view(torch.uint8) if dst.element_size() == 1 else dst
-                rows = torch.arange(c * m, c * m + count, device=dst.device) + offset
-                raw.index_copy_(2, rows, src.view(raw.dtype))
+        src = blocks[c].narrow(axis, 0, count)
+        if isinstance(offset, int):
+            dst.narrow(axis, offset + c * m, count).copy_(src)
+        else:
+            rows = torch.arange(c * m, c * m + count, device=dst.device) + offset
+            dst.index_copy_(axis, rows, src)
+
+
+def scatter_rows_ref(blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int | torch.Tensor,
+                     tokens: int) -> None:
+    """Reference: K's and V's blocks, each along the keys (`scatter_axis`)."""
+    _check(blocks, k, v, tokens)
+    scatter_axis(k, blocks[:, 0], offset, tokens, axis=2)
+    scatter_axis(v, blocks[:, 1], offset, tokens, axis=2)
 
 
 def _scatter_rows_kernel(

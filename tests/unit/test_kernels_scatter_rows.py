@@ -12,7 +12,7 @@ import torch
 from interpreted import run_interpreted
 
 from kernels.fp8 import FP8
-from kernels.scatter_rows import scatter_rows_ref, scatter_rows_triton
+from kernels.scatter_rows import scatter_axis, scatter_rows_ref, scatter_rows_triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # (n ranks, m rows each, T tokens, Dh, dtype): padding rows on the last rank; 48-wide rows (12 words: a masked
@@ -56,6 +56,26 @@ def test_a_device_offset_writes_what_the_int_does() -> None:
     scatter_rows_ref(blocks, *a, 6, t)
     scatter_rows_ref(blocks, *b, torch.tensor(6), t)
     assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_one_buffer_along_its_last_axis(as_tensor: bool) -> None:
+    """`scatter_axis` along the keys where they are the last axis (the Triton FP8 cache's transposed V, e4m3) and of
+    a 3-D buffer (its V scales): rank c's entry i at offset + c*m + i, padding out, the rest untouched."""
+    n, m, t, offset = 3, 4, 10, 5
+    g = torch.Generator().manual_seed(1)
+    vt_blocks = (torch.randn(n, 1, 2, 8, m, generator=g) * 8).to(FP8)  # (n, B, Hh, Dh, m)
+    vt = (torch.randn(1, 2, 8, 20, generator=g) * 8).to(FP8)  # (B, Hh, Dh, S)
+    vs_blocks, vs = torch.rand(n, 1, 2, m, generator=g), torch.rand(1, 2, 20, generator=g)  # (n, B, Hh, m), (B, Hh, S)
+    off: int | torch.Tensor = torch.tensor(offset) if as_tensor else offset
+    for dst, blocks, axis in ((vt, vt_blocks, 3), (vs, vs_blocks, 2)):
+        before = _bits(dst).clone()
+        scatter_axis(dst, blocks, off, t, axis)
+        rows = torch.cat([_bits(b) for b in blocks], axis).narrow(axis, 0, t)  # the ranks' entries in order
+        assert torch.equal(_bits(dst).narrow(axis, offset, t), rows)
+        assert torch.equal(_bits(dst).narrow(axis, 0, offset), before.narrow(axis, 0, offset))
+        rest = dst.shape[axis] - offset - t
+        assert torch.equal(_bits(dst).narrow(axis, offset + t, rest), before.narrow(axis, offset + t, rest))
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -366,27 +366,6 @@ def test_local_attention_gathers_only_the_key_value_rows() -> None:
     assert sum(c.calls for c in listed if c.op == "all_gather") == passes * (layers + 1)
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-def test_gathered_rows_land_in_token_order_at_an_int_or_a_device_offset(fp8: bool) -> None:
-    """`attend_rows`' copy of every rank's block into the cache: rank c's row i at offset + c*m + i, padding rows left
-    out, the rest of the cache untouched; a tensor offset (CUDA-graph replays) writes what the int does."""
-    from characters.kv_cache import _scatter_rows
-
-    n, m, tokens, offset = 3, 4, 10, 5  # the last rank: 2 rows and 2 of padding
-    blocks = torch.randn(n, 1, 2, m, 3)  # (n, B, Hh, m, Dh)
-    cache = torch.full((1, 2, 20, 3), 7.0)  # (B, Hh, S, Dh)
-    if fp8:
-        blocks, cache = blocks.to(torch.float8_e4m3fn), cache.to(torch.float8_e4m3fn)
-    by_int, by_tensor = cache.clone(), cache.clone()
-    _scatter_rows(by_int, blocks, offset, tokens, axis=2)
-    _scatter_rows(by_tensor, blocks, torch.tensor(offset), tokens, axis=2)
-    assert torch.equal(by_int.view(torch.uint8), by_tensor.view(torch.uint8))
-    rows = torch.cat(list(blocks), 2)  # (B, Hh, n*m, Dh): the ranks' rows in order
-    assert torch.equal(by_int[:, :, offset:offset + tokens].float(), rows[:, :, :tokens].float())
-    assert torch.equal(by_int[:, :, :offset].float(), cache[:, :, :offset].float())
-    assert torch.equal(by_int[:, :, offset + tokens:].float(), cache[:, :, offset + tokens:].float())
-
-
 def test_local_attention_needs_the_token_local_layers_whole() -> None:
     from characters.dit import CausalDiT
     from characters.tp import apply_tensor_parallel
@@ -401,22 +380,7 @@ def test_local_attention_needs_the_token_local_layers_whole() -> None:
 def _collectives_per_forward(local: bool) -> tuple[int, int]:
     """All-gathers and reduce-scatters one rank's forward calls (built without communication: the calls are the
     same, each gather filling only this rank's rows)."""
-    runner = DiTRunner(_cfg_for(4, local_layers=local), rank=1, ranks=4, communicate=False)
-    shards = runner.dit.shards
-    assert shards is not None
-    calls = {"gather": 0, "reduce_scatter": 0}
-    for name in calls:
-        method = getattr(shards, name)
-
-        def counted(*a: object, _name: str = name, _method: Callable[..., torch.Tensor] = method) -> torch.Tensor:
-            calls[_name] += 1
-            return _method(*a)
-
-        setattr(shards, name, counted)
-    h, w = runner.cfg.model.latent_hw
-    runner.start(torch.randn(1, runner.cfg.model.dit.latent_channels, h, w))
-    calls.update(gather=0, reduce_scatter=0)  # the reference frame's pass aside: one chunk's
-    runner.step(np.zeros(runner.frontend.expected_samples, dtype=np.float32))
+    calls = _gathers_per_chunk(DiTRunner(_cfg_for(4, local_layers=local), rank=1, ranks=4, communicate=False))
     return calls["gather"], calls["reduce_scatter"]
 
 
