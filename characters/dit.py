@@ -316,6 +316,19 @@ class Block(nn.Module):
         x, h = ops.add_modulate(x, self.cross_attn(h, ctx), shift_m, scale_m, eps)
         return x, (self.fc2(ops.gelu(self.fc1(h))), gate_m)
 
+    def linears(self) -> tuple[ParallelLinear, ...]:
+        """The linear layers FP8 (`to_fp8_`) and bf16 CPU GEMMs (`CausalDiT.to_cpu_bf16`) convert. The audio K/V
+        projection stays in the compute dtype: it sees the frame's A audio tokens only (a GEMM too small for FP8 to
+        matter)."""
+        return (self.self_attn.qkv, self.self_attn.o, self.cross_attn.q, self.cross_attn.o, self.fc1, self.fc2)
+
+    @torch.no_grad()
+    def to_fp8_(self) -> None:
+        """Quantise this block's linear layers to e4m3 (`ParallelLinear.to_fp8_`); `CausalDiT.to_fp8` does every
+        block and switches the elementwise steps, `characters.weights.materialize_dit` one block at a time."""
+        for layer in self.linears():
+            layer.to_fp8_()
+
 
 def block_causal_mask(n_sink: int, chunk_tokens: int, chunks: int, ring: int,
                       device: torch.device | str | None = None) -> torch.Tensor:
@@ -379,21 +392,18 @@ class CausalDiT(nn.Module):
         (`ParallelLinear.to_cpu_bf16_`); everything else stays in the compute dtype."""
         for block in self.blocks:
             assert isinstance(block, Block)
-            for layer in (block.self_attn.qkv, block.self_attn.o, block.cross_attn.q, block.cross_attn.o,
-                          block.fc1, block.fc2):
+            for layer in block.linears():
                 layer.to_cpu_bf16_()
 
     @torch.no_grad()
     def to_fp8(self) -> None:
         """Quantise the blocks' linear layers to e4m3 (per output channel; call after the weights are loaded,
-        or before loading an FP8 checkpoint into the converted model) and switch the elementwise steps to their
-        quantising form. The audio K/V projection stays in the compute dtype: it sees the frame's A audio tokens
-        only (a GEMM too small for FP8 to matter). So do the embeddings, the head and the timestep MLPs."""
+        or before loading an FP8 checkpoint into the converted model; `Block.linears` says which) and switch the
+        elementwise steps to their quantising form. The embeddings, the head and the timestep MLPs stay in the
+        compute dtype. Blocks already converted are kept as they are."""
         for block in self.blocks:
             assert isinstance(block, Block)
-            for layer in (block.self_attn.qkv, block.self_attn.o, block.cross_attn.q, block.cross_attn.o,
-                          block.fc1, block.fc2):
-                layer.to_fp8_()
+            block.to_fp8_()
         fused = isinstance(self.blocks[0], Block) and self.blocks[0].ops.fused
         self.fuse_elementwise(fused)
 

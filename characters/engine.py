@@ -23,14 +23,7 @@ from characters.rope import RopeTables
 from characters.telemetry import StageRecorder
 from characters.tp import Overlap, apply_tensor_parallel, set_overlap
 from characters.vae import CausalDecoder, VAEEncoder
-from characters.weights import (
-    checkpoint_precision,
-    init_weights,
-    load_dit_weights,
-    load_weights,
-    resolve_weights,
-    seeded_build,
-)
+from characters.weights import load_weights, materialize_dit, resolve_weights, seeded_build
 from kernels.attention import AttentionBackend, pick_backend
 from kernels.fp8 import check_fp8_device
 
@@ -88,19 +81,13 @@ class DiTRunner:
         apply_tensor_parallel(dit, group, rank=rank, size=ranks, communicate=communicate,
                               sequence_parallel=topo.sequence_parallel, overlap=tp_overlap or topo.tp_overlap,
                               local_layers=topo.local_layers, local_attention=topo.local_attention)
-        init_weights(dit.to(self.dtype), cfg.seed, device=self.device)  # materialise in the compute dtype
-        self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         self.weights = resolve_weights(cfg)  # None: seeded random weights
+        # in the compute dtype, a part at a time; FP8 blocks quantised once, as they are made (this rank's share)
+        materialize_dit(dit.to(self.dtype), cfg.seed, self.device, weights=self.weights, rank=rank, ranks=ranks,
+                        fp8=m.precision == "fp8")
+        self.audio_encoder = seeded_build(lambda: AudioEncoder(m.audio, m.dit.audio_dim), cfg.seed + 1, self.device)
         if self.weights is not None:
-            if checkpoint_precision(self.weights, rank, ranks) == "fp8":  # load FP8 weights into an FP8 model
-                if m.precision != "fp8":
-                    raise ValueError(f"weights={str(self.weights)!r} hold FP8 linear layers but model.precision="
-                                     f"{m.precision!r}; set model.precision='fp8' or give bf16 weights")
-                dit.to_fp8()
-            load_dit_weights(dit, self.weights, rank, ranks)
             load_weights(self.audio_encoder, self.weights / "audio.safetensors")
-        if m.precision == "fp8" and not dit.fp8:
-            dit.to_fp8()  # quantised once, here: this rank's share, per output channel
         self.cpu_matmul = cpu_matmul(topo.cpu_matmul) if self.device.type == "cpu" else None
         if self.cpu_matmul == "bfloat16" and (ranks > 1 or self.dtype != torch.float32 or m.precision == "fp8"):
             self.cpu_matmul = "float32"  # bf16 GEMMs serve one float32 rank (a CPU session has one)

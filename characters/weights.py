@@ -7,6 +7,8 @@ whatever the tensor-parallel split, and memory stays at one parameter's full siz
 A DiT in FP8 (`CausalDiT.to_fp8`) saves its blocks' linear weights in e4m3 with a `<layer>.weight_scale`
 (float32, per output channel) beside each; such a checkpoint loads into a model converted first
 (`checkpoint_precision` says which kind a checkpoint is). Its shards slice the scales with the rows they belong to.
+A session's DiT is made a part at a time (`materialize_dit`): an FP8 one holds one block in the compute dtype at
+most, beside the blocks already quantised.
 
 Checkpoint layout (a directory):
 
@@ -22,6 +24,7 @@ shapes, else seeded random weights; "random" forces seeded random weights; anyth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import zlib
@@ -35,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from characters.config import ModelConfig, SessionConfig
+from characters.dit import Block, CausalDiT
 from characters.tp import ParallelLinear
 
 M = TypeVar("M", bound=nn.Module)
@@ -93,22 +97,26 @@ def _logical(module: nn.Module, pname: str, param: torch.Tensor) -> tuple[tuple[
 
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int, *, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> nn.Module:
+                 dtype: torch.dtype | None = None, prefix: str = "", recurse: bool = True) -> nn.Module:
     """Materialise (from ``meta`` if needed) and initialise every parameter and buffer deterministically.
 
-    Linear weights ~ N(0, 1/fan_in), biases 0, norm weights 1, modulation tables ~ N(0, 1/dim).
+    Linear weights ~ N(0, 1/fan_in), biases 0, norm weights 1, modulation tables ~ N(0, 1/dim). `prefix`: the
+    model's name inside a larger one (`'blocks.3.'`): its parameters draw the values they draw there, so a model
+    materialised a part at a time (`materialize_dit`) equals one materialised whole. `recurse=False`: only the
+    model's own parameters and buffers, not its children's.
     """
-    was_meta = any(p.is_meta for p in model.parameters())
-    if was_meta:
-        model.to_empty(device=device or "cpu")
-        for module in model.modules():  # to_empty leaves buffers uninitialised
+    tensors = [*model.parameters(recurse=recurse), *model.buffers(recurse=recurse)]
+    modules = list(model.named_modules()) if recurse else [("", model)]
+    if any(t.is_meta for t in tensors):
+        model.to_empty(device=device or "cpu", recurse=recurse)
+        for _, module in modules:  # to_empty leaves buffers uninitialised
             if any(True for _ in module.buffers(recurse=False)):
                 _rebuild_buffers(module)
     elif device is not None:
         model.to(device)
-    for mname, module in model.named_modules():
+    for mname, module in modules:
         for pname, param in module.named_parameters(recurse=False):
-            name = f"{mname}.{pname}" if mname else pname
+            name = prefix + (f"{mname}.{pname}" if mname else pname)
             shape, plinear = _logical(module, pname, param)
             g = _generator(seed, name, param.device)
             if pname == "bias":
@@ -120,7 +128,7 @@ def init_weights(model: nn.Module, seed: int, *, device: torch.device | str | No
             else:
                 fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
                 full = torch.randn(shape, generator=g, device=param.device) / math.sqrt(fan_in)
-            local = plinear.shard_tensor(pname, full) if plinear is not None else full
+            local = plinear.shard_tensor(pname, full) if plinear is not None else full  # type: ignore[arg-type]
             param.copy_(local)
     if dtype is not None:
         model.to(dtype)
@@ -155,50 +163,129 @@ def shard_path(directory: str | Path, rank: int, ranks: int) -> Path:
     return Path(directory) / (f"dit-rank{rank}-of-{ranks}.safetensors" if ranks > 1 else "dit.safetensors")
 
 
-@torch.no_grad()
-def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: int) -> nn.Module:
-    """Load rank `rank`'s share of a DiT: its own shard file if the checkpoint has one, else its slice of
-    the whole `dit.safetensors` (each `ParallelLinear` cuts its own rows or columns). A model with layers kept
-    whole (`topology.local_layers`) reads the whole file: a shard file holds 1/n of those layers."""
-    path = shard_path(directory, rank, ranks)
-    kept_whole = any(isinstance(m, ParallelLinear) and m.kept_whole for m in model.modules())
-    if ranks == 1 or (path.is_file() and not kept_whole):
-        return load_weights(model, path)
-    whole = Path(directory) / "dit.safetensors"
-    if not whole.is_file():
-        if kept_whole:
-            raise FileNotFoundError(f"weights directory {directory} has no dit.safetensors: topology.local_layers "
-                                    "keeps the MLP and the audio cross-attention (with local_attention, self-attention "
-                                    f"too) whole on every rank, and {path.name} holds 1/{ranks} of them; give the "
-                                    "whole checkpoint or set "
-                                    "topology.local_layers=false")
-        raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
-    # one tensor at a time, read on the host and cut to this rank's slice before it reaches the model's device: the
-    # whole file never sits in memory at once (57b's is 115 GB in bf16)
-    targets = model.state_dict(keep_vars=True)  # name -> the model's own parameter or buffer
-    modules = dict(model.named_modules())
-    unexpected, wrong = [], []
-    with safe_open(str(whole), framework="pt", device="cpu") as f:
-        names = list(f.keys())
-        for name in names:
-            target = targets.get(name)
-            if target is None:
-                unexpected.append(name)
+class DiTCheckpoint:
+    """Rank `rank` of `ranks`'s share of a DiT checkpoint, read one tensor at a time into the model a part at a time
+    (`load_into`): its own shard file if the checkpoint has one, else its slices of the whole `dit.safetensors`
+    (each `ParallelLinear` cuts its own rows or columns, on the host, before the tensor reaches the model's device:
+    the whole file never sits in memory at once; 57b's is 115 GB in bf16). A model with layers kept whole
+    (`topology.local_layers`) reads the whole file: a shard file holds 1/n of those layers. `close` refuses a
+    checkpoint that did not fit: tensors missing, left over or of another shape, named. A context manager."""
+
+    def __init__(self, directory: str | Path, rank: int, ranks: int, *, kept_whole: bool) -> None:
+        path = shard_path(directory, rank, ranks)
+        self.slices = not (ranks == 1 or (path.is_file() and not kept_whole))
+        if self.slices:
+            whole = Path(directory) / "dit.safetensors"
+            if not whole.is_file():
+                if kept_whole:
+                    raise FileNotFoundError(
+                        f"weights directory {directory} has no dit.safetensors: topology.local_layers keeps the MLP "
+                        "and the audio cross-attention (with local_attention, self-attention too) whole on every "
+                        f"rank, and {path.name} holds 1/{ranks} of them; give the whole checkpoint or set "
+                        "topology.local_layers=false")
+                raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
+            path = whole
+        elif not path.is_file():
+            raise FileNotFoundError(f"weights file {path} does not exist")
+        self.path = path
+        self._file = safe_open(str(path), framework="pt", device="cpu")
+        self.names = set(self._file.keys())
+        self.fp8 = any(k.endswith(".weight_scale") for k in self.names)  # FP8 linear weights (`to_fp8`)
+        self._taken: set[str] = set()
+        self._missing: list[str] = []
+        self._wrong: list[str] = []
+
+    def __enter__(self) -> DiTCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file = None  # type: ignore[assignment]
+
+    @torch.no_grad()
+    def load_into(self, module: nn.Module, prefix: str = "", recurse: bool = True) -> None:
+        """Copy the checkpoint's `prefix + name` into each of `module`'s parameters and persistent buffers `name`
+        (`recurse=False`: only its own)."""
+        targets = module.state_dict(keep_vars=True)  # name -> the module's own parameter or buffer
+        modules = dict(module.named_modules())
+        for local, target in targets.items():
+            if not recurse and "." in local:
                 continue
-            tensor = f.get_tensor(name)
-            mname, _, pname = name.rpartition(".")
-            module = modules.get(mname)
-            if isinstance(module, ParallelLinear) and pname in ("weight", "bias", "weight_scale"):
-                tensor = module.shard_tensor(pname, tensor)
+            name = prefix + local
+            if name not in self.names:
+                self._missing.append(name)
+                continue
+            tensor = self._file.get_tensor(name)
+            mname, _, pname = local.rpartition(".")
+            owner = modules.get(mname)
+            if self.slices and isinstance(owner, ParallelLinear) and pname in ("weight", "bias", "weight_scale"):
+                tensor = owner.shard_tensor(pname, tensor)  # type: ignore[arg-type]
             if tensor.shape != target.shape:
-                wrong.append(f"{name} {tuple(tensor.shape)} for {tuple(target.shape)}")
+                self._wrong.append(f"{name} {tuple(tensor.shape)} for {tuple(target.shape)}")
                 continue
             target.data.copy_(tensor)
-    missing = sorted(set(targets) - set(names))
-    if missing or unexpected or wrong:
-        raise ValueError(f"weights {whole} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-                         f"wrong shapes {wrong[:5]}")
+            self._taken.add(name)
+
+    def close(self) -> None:
+        """Refuse a checkpoint that did not fit what `load_into` was given (call once every part is loaded)."""
+        unexpected = sorted(self.names - self._taken - {w.split(" ")[0] for w in self._wrong})
+        missing, wrong = sorted(self._missing), self._wrong
+        self._file = None  # type: ignore[assignment]
+        if missing or unexpected or wrong:
+            raise ValueError(f"weights {self.path} do not fit the model: missing {missing[:5]}, unexpected "
+                             f"{unexpected[:5]}, wrong shapes {wrong[:5]}")
+
+
+def _kept_whole(model: nn.Module) -> bool:
+    return any(isinstance(m, ParallelLinear) and m.kept_whole for m in model.modules())
+
+
+@torch.no_grad()
+def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: int) -> nn.Module:
+    """Load rank `rank`'s share of a DiT into `model` (`DiTCheckpoint`)."""
+    with DiTCheckpoint(directory, rank, ranks, kept_whole=_kept_whole(model)) as ckpt:
+        ckpt.load_into(model)
+        ckpt.close()
     return model
+
+
+@torch.no_grad()
+def materialize_dit(dit: CausalDiT, seed: int, device: torch.device | str, *, weights: str | Path | None = None,
+                    rank: int = 0, ranks: int = 1, fp8: bool = False) -> CausalDiT:
+    """Materialise a DiT built on ``meta`` (and split by `apply_tensor_parallel`) on `device`, a part at a time: its
+    own tensors, each module beside the blocks, then each block: seeded random weights (`init_weights`, the values
+    the whole model draws), then the checkpoint's if `weights` (`DiTCheckpoint`, rank `rank` of `ranks`). With
+    `fp8` each block is quantised (`Block.to_fp8_`; before loading an FP8 checkpoint into it, after loading a bf16
+    one) before the next is made, so the build holds at most one block in the compute dtype beside the FP8 ones:
+    57b's rank with the token-local layers whole needs 89 GB at once in bf16 at 3 ranks (44.4 B parameters; 115 GB
+    with self-attention whole too), more than an H100 has, and 44-58 GB in FP8. Refuses an FP8 checkpoint when not
+    `fp8`."""
+    if not all(t.is_meta for t in [*dit.parameters(), *dit.buffers()]):
+        raise ValueError("materialize_dit makes a DiT built on the meta device (`with torch.device('meta')`); this "
+                         "one already holds tensors")
+    with contextlib.ExitStack() as stack:
+        ckpt = None
+        if weights is not None:
+            ckpt = stack.enter_context(DiTCheckpoint(weights, rank, ranks, kept_whole=_kept_whole(dit)))
+            if ckpt.fp8 and not fp8:
+                raise ValueError(f"weights={str(weights)!r} hold FP8 linear layers but model.precision='bf16'; set "
+                                 "model.precision='fp8' or give bf16 weights")
+        parts: list[tuple[nn.Module, str, bool]] = [(dit, "", False)]
+        parts += [(child, f"{name}.", True) for name, child in dit.named_children() if name != "blocks"]
+        parts += [(block, f"blocks.{i}.", True) for i, block in enumerate(dit.blocks)]
+        for module, prefix, recurse in parts:
+            init_weights(module, seed, device=device, prefix=prefix, recurse=recurse)
+            block = module if fp8 and isinstance(module, Block) else None  # quantised here
+            if block is not None and ckpt is not None and ckpt.fp8:
+                block.to_fp8_()  # an FP8 checkpoint loads into the converted block as is
+            if ckpt is not None:
+                ckpt.load_into(module, prefix, recurse)
+            if block is not None:
+                block.to_fp8_()  # (a no-op when converted above)
+        if ckpt is not None:
+            ckpt.close()
+    if fp8:
+        dit.to_fp8()  # the elementwise steps in their quantising form (every block is converted)
+    return dit
 
 
 def checkpoint_precision(directory: str | Path, rank: int = 0, ranks: int = 1) -> str:

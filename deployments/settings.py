@@ -286,10 +286,10 @@ class ServiceConfig(BaseModel):
         "idle frames ahead of it are cut and the chunk clock moves as much earlier (characters.pacing, speech "
         "onsets). None: off (speech waits behind the jitter buffer like any chunk).")
     onset_first_frame: Literal["auto", "on", "off"] = Field(
-        default="auto", description="A speech onset's chunk is decoded in two parts: its first frame (the blocks "
-        "after the decoder's last temporal up-sampling run on that frame alone), which the room plays at once, then "
-        "the other three (characters.vae, decode_first). auto: on for GPU decoders (57b on an H200: the first frame "
-        "on the host in 25 ms instead of 59), off on CPUs (the tiny decoder's first frame comes only 4 ms sooner, and "
+        default="auto", description="A speech onset's chunk is decoded in two parts: its first frame (each decoder "
+        "stage on only the frames that frame needs), which the room plays at once, then the other three "
+        "(characters.vae, decode_first). auto: on for GPU decoders (57b on an H200: the first frame on the host in "
+        "21 ms instead of 60), off on CPUs (the tiny decoder's first frame comes only 4 ms sooner, and "
         "beside a voice agent on two cores the rest of an onset's chunk came late in 2 runs of 6: README, Latency).")
     audio_lead_ms: float = Field(
         default=20.0, ge=0, le=500, description="LiveKit outputs: the character's audio goes to the audio source this "

@@ -83,6 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--cpus", type=int, default=None, help="Ray's CPU count (default: the machine's)")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds for the slots to build")
+    p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                   help="the DiT's linear layers (ServiceConfig.precision; fp8 on GPUs of compute capability >= 8.9)")
+    p.add_argument("--attention-precision", choices=("bf16", "fp8"), default="bf16",
+                   help="attention over the KV cache (ServiceConfig.attention_precision)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     unknown = [v for v in args.layouts.split(",") if v not in LAYOUTS]
@@ -106,7 +110,7 @@ def service_for(args: argparse.Namespace, layout: str, depth: int) -> Any:
     return ServiceConfig(preset=args.preset, topology=topo, model_overrides=model_overrides(args),
                          use_gpus=True, queue_max=0, pipeline_depth=depth, weights="random", pacing=args.pacing,
                          placement_timeout_s=120.0, worker_timeout_s=args.start_timeout, chunk_timeout_s=120.0,
-                         graph=args.graph)
+                         graph=args.graph, precision=args.precision, attention_precision=args.attention_precision)
 
 
 def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"bench": "pipeline", "preset": args.preset, "small": args.small, "layers": args.layers,
                "topology": f"{args.dit_ranks}+{args.decoder_gpus}", "sessions": args.sessions,
                "seconds": args.seconds, "skip": args.skip, "pacing": args.pacing, "device": args.device,
+               "precision": args.precision, "attention_precision": args.attention_precision,
                "argv": sys.argv, "environment": environment(args.device), "variants": results}
     finally:
         stop_local()

@@ -104,13 +104,13 @@ if [ "$what" = pipeline ]; then  # whole sessions on Ray: compiled graph, NCCL l
     run --preset 57b --dit-ranks 2 --decoder-gpus 1 --layouts replicated,sp_none \
       --out "$OUT/pipeline_57b_2p1.json"
   fi
-  if [ "$gpus" -ge 4 ]; then
-    run --preset 57b --dit-ranks 3 --decoder-gpus 1 --layouts replicated,sp_none,sp_symm_mem \
-      --out "$OUT/pipeline_57b_3p1.json"
+  if [ "$gpus" -ge 4 ]; then  # 3 + 1 in FP8 with cuDNN's FP8 attention: the latency budget's rows, collectives in place
+    run --preset 57b --dit-ranks 3 --decoder-gpus 1 --precision fp8 --attention-precision fp8 \
+      --layouts sp_none,sp_local,sp_kv --out "$OUT/pipeline_57b_3p1_fp8.json"
   fi
   if [ "$gpus" -ge 5 ]; then
-    run --preset 57b --dit-ranks 4 --decoder-gpus 1 --layouts replicated,sp_none,sp_symm_mem \
-      --depths 2,1 --out "$OUT/pipeline_57b_4p1.json"
+    run --preset 57b --dit-ranks 4 --decoder-gpus 1 --precision fp8 --attention-precision fp8 \
+      --layouts sp_none,sp_local,sp_kv --out "$OUT/pipeline_57b_4p1_fp8.json"
   fi
   if [ "$gpus" -ge 8 ]; then
     run --preset 57b --dit-ranks 3 --decoder-gpus 1 --sessions 2 --out "$OUT/pipeline_57b_3p1_x2.json"

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from characters.config import session_config
-from characters.dit import ElementwiseOps
+from characters.dit import CausalDiT, ElementwiseOps
 from characters.engine import DiTRunner
+from characters.weights import materialize_dit
 from kernels.attention_cudnn_fp8 import attention_cudnn_fp8, attention_fp8_tensor_ref, cudnn_fp8_supported, padded_keys
 from kernels.attention_fp8 import attention_fp8_ref, attention_fp8_triton
 from kernels.fp8 import FP8, Fp8Act, dequantize_rows, fp8_linear, fp8_linear_ref, quantize_rows_ref, quantize_weight
@@ -313,3 +314,27 @@ def test_scatter_rows_kernel_matches_reference_in_a_graph(n: int, heads: int) ->
     torch.cuda.synchronize()
     assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
     assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+
+
+def test_fp8_dit_build_holds_a_block_in_bf16_not_the_whole_share() -> None:
+    """16 of 57b's blocks made in FP8 (`materialize_dit`, as `DiTRunner` does): the build's peak is the FP8 weights
+    plus about one block in bf16 and its float32 temporaries, well under the bf16 share the whole-model build held
+    (57b's rank with layers kept whole: 89-115 GB at 3 ranks, more than an H100's 80)."""
+    cfg = session_config("57b", "gpu1", weights="random", model={"precision": "fp8", "dit": {"num_layers": 16}})
+    with torch.device("meta"):
+        dit = CausalDiT(cfg.model)
+    dit.to(torch.bfloat16)
+    params = sum(p.numel() for p in dit.parameters())
+    block = sum(p.numel() for p in dit.blocks[0].parameters())
+    largest = max(p.numel() for p in dit.blocks[0].parameters())
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    materialize_dit(dit, cfg.seed, "cuda", fp8=True)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    made = sum(t.numel() * t.element_size() for t in dit.state_dict().values())
+    assert dit.fp8 and made < 0.6 * 2 * params  # e4m3 blocks (the modules beside them stay bf16)
+    assert peak <= made + 2 * block + 4 * 4 * largest, (peak / 1e9, made / 1e9, block * 2 / 1e9)
+    assert peak < 0.75 * 2 * params, (peak / 1e9, 2 * params / 1e9)  # the whole share in bf16: the old build's floor

@@ -16,13 +16,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from characters import weights
 from characters.config import check_tensor_parallel, model_preset, session_config
-from characters.dit import ElementwiseOps
+from characters.dit import CausalDiT, ElementwiseOps
 from characters.engine import DiTRunner
 from characters.kv_cache import KVCache
 from characters.process_group import free_port, join, leave
-from characters.tp import ParallelLinear
-from characters.weights import checkpoint_precision, save_model_config, save_weights
+from characters.tp import ParallelLinear, apply_tensor_parallel
+from characters.weights import checkpoint_precision, init_weights, materialize_dit, save_model_config, save_weights
 from kernels.fp8 import (
     FP8,
     Fp8Act,
@@ -301,6 +302,66 @@ def test_bf16_checkpoint_is_quantised_at_load(tmp_path: Path) -> None:
     w8, s = quantize_weight(ref.dit.blocks[1].fc2.weight.detach())  # type: ignore[union-attr]
     assert torch.equal(fp8.dit.blocks[1].fc2.weight.view(torch.uint8), w8.view(torch.uint8))  # type: ignore[union-attr]
     assert torch.equal(fp8.dit.blocks[1].fc2.weight_scale, s)  # type: ignore[union-attr]
+
+
+def _whole_then_fp8(cfg, rank: int, ranks: int, topology: dict[str, object]) -> CausalDiT:
+    """The build before `materialize_dit`: the whole rank's share in the compute dtype at once, then quantised."""
+    with torch.device("meta"):
+        dit = CausalDiT(cfg.model)
+    apply_tensor_parallel(dit, None, rank=rank, size=ranks, communicate=False, **topology)  # type: ignore[arg-type]
+    init_weights(dit, cfg.seed)
+    dit.to_fp8()
+    return dit
+
+
+def _states(dit: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.view(torch.uint8) if v.dtype == FP8 else v for k, v in dit.state_dict().items()}
+
+
+@pytest.mark.parametrize(("rank", "ranks", "layout"), [(0, 1, "rep"), (1, 2, "sp"), (2, 3, "sp_kv")])
+def test_fp8_dit_is_made_a_block_at_a_time_and_equals_the_whole_build(monkeypatch, rank, ranks, layout) -> None:
+    """`materialize_dit` makes an FP8 DiT a part at a time, each block quantised before the next is made (so a 57b
+    rank never holds its whole share in bf16: 89-115 GB at 3 ranks with layers kept whole, more than an H100 has),
+    and the weights are bit for bit those of the whole build quantised at once, split or not."""
+    cfg = session_config("tiny", "cpu", seed=4, weights="random", model={"precision": "fp8", "dit": {"num_layers": 3}})
+    topology = {"sequence_parallel": layout != "rep", "local_layers": layout == "sp_kv",
+                "local_attention": layout == "sp_kv"}
+    seen: list[list[str]] = []  # at each part's materialisation: every block's state
+    real_init = weights.init_weights
+
+    def spy(module: torch.nn.Module, *args: object, **kw: object) -> torch.nn.Module:
+        seen.append(["meta" if b.fc1.weight.is_meta else "fp8" if b.fc1.fp8 else "bf16" for b in dit.blocks])
+        return real_init(module, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(weights, "init_weights", spy)
+    with torch.device("meta"):
+        dit = CausalDiT(cfg.model)
+    apply_tensor_parallel(dit, None, rank=rank, size=ranks, communicate=False, **topology)  # type: ignore[arg-type]
+    materialize_dit(dit, cfg.seed, "cpu", fp8=True)
+    # its own tensors, each module beside the blocks, then block i with blocks < i quantised and > i not made yet
+    assert seen[-3:] == [["meta", "meta", "meta"], ["fp8", "meta", "meta"], ["fp8", "fp8", "meta"]]
+    beside = [name for name, _ in dit.named_children() if name != "blocks"]
+    assert all(s == ["meta"] * 3 for s in seen[:-3]) and len(seen) == 1 + len(beside) + 3, (beside, seen)
+    assert dit.fp8 and all(b.ops.fp8 for b in dit.blocks)  # the elementwise steps in their quantising form
+    monkeypatch.undo()
+    whole = _states(_whole_then_fp8(cfg, rank, ranks, topology))
+    made = _states(dit)
+    assert made.keys() == whole.keys()
+    for name, tensor in whole.items():
+        assert made[name].dtype == tensor.dtype and torch.equal(made[name], tensor), name
+    with pytest.raises(ValueError, match="built on the meta device"):
+        materialize_dit(dit, cfg.seed, "cpu", fp8=True)
+
+
+def test_a_checkpoint_with_tensors_no_part_takes_is_refused(tmp_path: Path) -> None:
+    """Loaded a part at a time, a checkpoint is still checked whole: a tensor the model has no place for is named."""
+    saved = _fp8_checkpoint(tmp_path)
+    state = {k: v.contiguous() for k, v in saved.dit.state_dict().items()}
+    save_file({**state, "blocks.2.fc1.weight": state["blocks.1.fc1.weight"].clone()}, str(tmp_path / "dit.safetensors"))
+    cfg = saved.cfg.model_copy(update={"weights": str(tmp_path)})
+    refusal = r"do not fit the model: missing \[\], unexpected \['blocks\.2\.fc1\.weight'\]"
+    with pytest.raises(ValueError, match=refusal):
+        DiTRunner(cfg, emulate_fp8=True)
 
 
 def _tp_rank(rank: int, ranks: int, directory: str, layout: str, out: str) -> None:
