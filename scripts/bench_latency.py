@@ -46,6 +46,7 @@ from livekit.agents.utils.audio import AudioByteStream
 from livekit.agents.voice.avatar import DataStreamAudioOutput
 
 from characters.audio import SAMPLE_AUDIO, chunk_sample_range, convert_pcm, load_audio, pcm16_to_float
+from characters.cpu import cpu_model
 from characters.pacing import SegmentEvent, to_int16
 from deployments.livekit import LiveKitOutput, LiveKitServer, LiveKitSink, MediaFormat, install_server
 from deployments.sessions.runner import AudioBuffer
@@ -628,7 +629,7 @@ def main() -> None:
     if args.generator == "ray":
         result = main_ray(args)
         result["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
-                             "cpu": platform.processor() or "unknown", "cores": len(os.sched_getaffinity(0)),
+                             "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
                              "loadavg_end": os.getloadavg()}
         result["command"] = " ".join(sys.argv)
         print_ray(result)
