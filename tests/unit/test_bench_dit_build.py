@@ -1,0 +1,34 @@
+"""scripts/bench_dit_build.py: both builds it compares make the same FP8 share, and the bf16 share it reports as the
+whole-share build's floor is the larger. Pure CPU, no marker (the peaks are the benchmark's, not asserted here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_dit_build", REPO / "scripts" / "bench_dit_build.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_dit_build"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+@pytest.mark.parametrize(("ranks", "layout"), [(1, "rep"), (2, "spa")])
+def test_both_builds_make_the_same_fp8_share(ranks: int, layout: str) -> None:
+    whole, blocks = (bench.build_one("tiny", 2, ranks, layout, build, "cpu") for build in ("whole", "blocks"))
+    assert whole["fp8_share_bytes"] == blocks["fp8_share_bytes"] > 0
+    assert whole["bf16_share_bytes"] > whole["fp8_share_bytes"] and whole["blocks"] == 2
+    with pytest.raises(ValueError, match="build 'half'"):
+        bench.build_one("tiny", 2, ranks, layout, "half", "cpu")
