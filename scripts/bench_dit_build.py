@@ -37,6 +37,7 @@ from characters.weights import init_weights, materialize_dit  # noqa: E402
 from scripts.bench_fp8 import _cfg  # noqa: E402
 
 BUILDS = ("whole", "blocks")
+LAYOUTS = ("sp", "spl", "spa", "rep")
 
 
 def _rss_bytes() -> int:
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one", nargs=2, metavar=("LAYOUT", "BUILD"), help=argparse.SUPPRESS)  # a variant's own process
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    unknown = [v for v in args.layouts.split(",") if v not in LAYOUTS] + [v for v in args.builds.split(",")
+                                                                         if v not in BUILDS]
+    if unknown:
+        p.error(f"unknown layouts or builds {unknown}; layouts: {LAYOUTS}, builds: {BUILDS}")
     if args.one:
         print(json.dumps(build_one(args.preset, args.layers, args.ranks, *args.one, args.device)))
         return 0
@@ -105,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, __file__, "--preset", args.preset, "--ranks", str(args.ranks), "--device",
                    args.device, "--one", layout, build, *(["--layers", str(args.layers)] if args.layers else [])]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SystemExit(f"{layout} {build} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            if done.returncode == 0:
+                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            else:  # e.g. the whole share in bf16 out of a card's memory: a result too
+                lines = done.stderr.strip().splitlines() or [f"rc {done.returncode}"]
+                rows.append({"layout": layout, "build": build, "error": lines[-1][-300:]})
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else cpu_model()
     out = {"bench": "dit_build", "preset": args.preset, "layers": args.layers, "ranks": args.ranks,
@@ -118,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'layout':<7} {'build':<7} {'peak GB':>8} {'FP8 share':>10} {'bf16 share':>11} {'block bf16':>11} "
           f"{'build s':>8}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['layout']:<7} {r['build']:<7} failed: {r['error']}")
+            continue
         print(f"{r['layout']:<7} {r['build']:<7} {r['peak_gb']:8.2f} {r['fp8_share_gb']:10.2f} "
               f"{r['bf16_share_gb']:11.2f} {r['block_bf16_gb']:11.3f} {r['build_s']:8.1f}")
     if args.out:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install carried wheels, run the GPU tests, then the benchmarks.
 # Usage (on the GPU machine, repo root): OUT=/path/for/results scripts/gpu_session.sh [tests|bench|profile|pipeline|fp8|all]
-#   fp8: FP8_PARTS (default "tests attention tp3 tp4 wan"; also tp2 local kv lipsync drift drift57) picks the FP8 runs
+#   fp8: FP8_PARTS (default "tests attention tp3 tp4 wan"; also tp2 local kv build lipsync drift drift57) picks the FP8 runs
 #   (docs/fp8.md), each under its own timeout; lipsync needs .cache/tiny_data/test.npz carried.
 #   or `source scripts/gpu_session.sh setup` to install the wheels and set the environment for commands of your own.
 # Carry .whl_pipeline (scripts/device_wheels.sh: Ray and the chunk path's other needs, 43 MB) or an older .whl.
@@ -74,6 +74,8 @@ if [ "$what" = fp8 ]; then  # the FP8 path (issue 17): GPU tests, attention kern
     --timeline-variants spa:fp8:fp8-cudnn --out "$OUT/step_57b_tp3_kv.json"  # self-attention whole too
   part kv && b steps --preset 57b --ranks 4 --variants spl:fp8:fp8-cudnn,spa:fp8:fp8-cudnn \
     --timeline-variants spa:fp8:fp8-cudnn --out "$OUT/step_57b_tp4_kv.json"  # (topology.local_attention)
+  part build && timeout "${FP8_TIMEOUT:-420}" python3 scripts/bench_dit_build.py --preset 57b --ranks 3 --device cuda \
+    --layouts sp,spl,spa --out "$OUT/dit_build_57b_tp3.json" 2>&1 | tail -8  # the build's peak, whole share vs blocks
   part wan && b steps --preset wan-1.3b --ranks 1 --variants "${FP8_WAN:-rep:fp8:bf16,rep:fp8:fp8}" \
     --profile-variants "${FP8_PROFILE:-}" --out "$OUT/step_wan-1.3b_fp8.json"
   part lipsync && b lipsync --variants "${FP8_LIPSYNC:-bf16:bf16,fp8:bf16,fp8:fp8}" --seeds "${FP8_SEEDS:-3}" \
