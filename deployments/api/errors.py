@@ -141,7 +141,8 @@ def retry_after_header(seconds: float) -> int:
 MAX_FIELD_NAME_CHARS = 64  # a field name echoed in an error is cut here (names are client input)
 
 
-def _part(part: Any) -> str:
+def field_name(part: Any) -> str:
+    """A client-given name as an error names it: '' for an empty one, cut at MAX_FIELD_NAME_CHARS."""
     text = str(part)
     if not text:
         return "''"
@@ -152,7 +153,7 @@ def _field_path(loc: tuple[Any, ...] | list[Any]) -> str | None:
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
         parts = parts[1:]
-    return ".".join(_part(p) for p in parts) or None
+    return ".".join(field_name(p) for p in parts) or None
 
 
 def _describe(err: Mapping[str, Any]) -> str:

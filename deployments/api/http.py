@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import FastAPI, Request, Response, Security
+from fastapi import Depends, FastAPI, Request, Response, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from deployments.api.auth import ApiKeys, BearerAuthMiddleware
 from deployments.api.errors import ApiError, ErrorCode, error_responses, install_error_handlers
 from deployments.api.frontend import SessionFrontend
-from deployments.api.requests import caller, decode_base64_image, key_id, trace_context
+from deployments.api.requests import caller, decode_base64_image, key_id, known_query, trace_context
 from deployments.api.runway import add_realtime_routes
 from deployments.api.schemas import CapacityOut, CreateSessionRequest, HealthOut, SessionListOut, SessionOut
 from deployments.api.watch import WatchSettings
@@ -102,7 +102,8 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None,
                            allow_methods=["GET", "POST", "PATCH", "DELETE"],
                            allow_headers=["authorization", "content-type", "x-runway-version"],
                            expose_headers=["retry-after", "location"])
-    bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured"))]
+    bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured")),
+              Depends(known_query)]
 
     @app.post("/v1/sessions", status_code=201, response_model=SessionOut, dependencies=bearer,
               responses=error_responses(400, 401, 413, 422, 429, 503), summary="Start a character")
@@ -113,7 +114,7 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None,
         return SessionOut.of(info)
 
     @app.get("/v1/sessions", response_model=SessionListOut, dependencies=bearer,
-             responses=error_responses(401, 503), summary="List sessions")
+             responses=error_responses(401, 422, 503), summary="List sessions")
     async def list_sessions(request: Request) -> SessionListOut:
         return SessionListOut(sessions=[SessionOut.of(s) for s in await frontend.list_sessions(caller(request))])
 
@@ -128,7 +129,7 @@ def build_http_app(frontend: SessionFrontend, keys: ApiKeys | None = None,
         return SessionOut.of(await frontend.end(session_id, caller(request), "deleted"))
 
     @app.get("/v1/capacity", response_model=CapacityOut, dependencies=bearer,
-             responses=error_responses(401, 503), summary="Free and used GPU bundles")
+             responses=error_responses(401, 422, 503), summary="Free and used GPU bundles")
     async def capacity() -> CapacityOut:
         return CapacityOut.of(await frontend.capacity())
 

@@ -23,7 +23,7 @@ from characters.config import MODEL_PRESETS
 from characters.media import MediaError, load_image
 from deployments import settings
 from deployments.api.auth import Caller
-from deployments.api.errors import ApiError, ErrorCode
+from deployments.api.errors import ApiError, ErrorCode, field_name
 
 MiB = 1024 * 1024
 MAX_SESSION_ID_CHARS = 128
@@ -165,3 +165,24 @@ def caller(request: Request) -> Caller:
 def trace_context(request: Request) -> dict[str, str]:
     """The request's W3C trace headers (traceparent, tracestate), for the session's spans."""
     return {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
+
+
+def known_query(request: Request) -> None:
+    """A route dependency: refuse query parameters the route does not take (422 naming the first), as the bodies
+    refuse unknown fields, so a misspelt `?limt=` is an error rather than a silent default. An empty name counts too
+    (`?=x`)."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    allowed: set[str] = set()
+    todo = [dependant]  # the route's own parameters and its dependencies' (FastAPI's Dependant tree)
+    while todo:
+        node = todo.pop()
+        allowed.update(p.alias for p in node.query_params)
+        todo.extend(node.dependencies)
+    unknown = [name for name in request.query_params if name not in allowed]
+    if unknown:
+        name, takes = field_name(unknown[0]), ", ".join(sorted(allowed)) or "none"
+        raise ApiError(422, ErrorCode.INVALID_FIELD, f"{name} is not a query parameter of this route; remove it (it "
+                       f"takes: {takes}; see /openapi.json)", name)

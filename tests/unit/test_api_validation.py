@@ -210,6 +210,26 @@ def test_protocol_errors_have_the_error_shape(client: TestClient) -> None:
     assert error_of(streamed) == (413, "body_too_large", None)
 
 
+@pytest.mark.parametrize(("path", "query", "field"), [
+    ("/v1/sessions", "limit=3", "limit"),  # takes none
+    ("/v1/capacity", "x=1", "x"),
+    ("/v1/sessions", "=null", "''"),  # an empty name
+    ("/v1/avatars", "cursor=&=null", "''"),  # beside one it takes (schemathesis found this one accepted)
+    ("/v1/avatars", "limt=3", "limt"),  # a misspelt one is an error, not a silent default
+    ("/v1/realtime_sessions/abc", "verbose=1", "verbose"),
+    ("/v1/sessions", "k" * 100 + "=1", "k" * 64 + "..."),
+])
+def test_unknown_query_parameters_are_refused_naming_them(client: TestClient, path: str, query: str,
+                                                          field: str) -> None:
+    """As a body's unknown field is: 422, the parameter named (cut like any client-given name), what the route takes
+    listed; the routes' own parameters still work."""
+    resp = client.get(f"{path}?{query}")
+    assert error_of(resp) == (422, "invalid_field", field), resp.text
+    assert "is not a query parameter of this route" in resp.json()["error"]["message"]
+    assert client.get("/v1/avatars?limit=2&cursor=").status_code == 200
+    assert client.get("/v1/sessions?").status_code == 200
+
+
 def test_openapi_documents_routes_errors_and_limits(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert set(doc["paths"]) == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/capacity", "/healthz",

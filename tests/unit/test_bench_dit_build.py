@@ -3,26 +3,9 @@ whole-share build's floor is the larger. Pure CPU, no marker (the peaks are the 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_dit_build", REPO / "scripts" / "bench_dit_build.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_dit_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+from scripts import bench_dit_build as bench
 
 
 @pytest.mark.parametrize(("ranks", "layout"), [(1, "rep"), (2, "spa")])
