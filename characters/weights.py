@@ -103,7 +103,7 @@ def init_weights(model: nn.Module, seed: int, *, device: torch.device | str | No
     Linear weights ~ N(0, 1/fan_in), biases 0, norm weights 1, modulation tables ~ N(0, 1/dim). `prefix`: the
     model's name inside a larger one (`'blocks.3.'`): its parameters draw the values they draw there, so a model
     materialised a part at a time (`materialize_dit`) equals one materialised whole. `recurse=False`: only the
-    model's own parameters and buffers, not its children's.
+    model's own parameters and buffers, not its children's (for a model on ``meta``: one already made moves whole).
     """
     tensors = [*model.parameters(recurse=recurse), *model.buffers(recurse=recurse)]
     modules = list(model.named_modules()) if recurse else [("", model)]
@@ -257,7 +257,7 @@ def materialize_dit(dit: CausalDiT, seed: int, device: torch.device | str, *, we
     `fp8` each block is quantised (`Block.to_fp8_`; before loading an FP8 checkpoint into it, after loading a bf16
     one) before the next is made, so the build holds at most one block in the compute dtype beside the FP8 ones:
     57b's rank with the token-local layers whole needs 89 GB at once in bf16 at 3 ranks (44.4 B parameters; 115 GB
-    with self-attention whole too), more than an H100 has, and 44-58 GB in FP8. Refuses an FP8 checkpoint when not
+    with self-attention whole too), more than an H100 has, and 46-59 GB in FP8. Refuses an FP8 checkpoint when not
     `fp8`."""
     if not all(t.is_meta for t in [*dit.parameters(), *dit.buffers()]):
         raise ValueError("materialize_dit makes a DiT built on the meta device (`with torch.device('meta')`); this "
