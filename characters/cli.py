@@ -12,7 +12,7 @@ from characters.config import MODEL_PRESETS, TOPOLOGIES, explain, session_config
 
 
 def _presets(_: argparse.Namespace) -> int:
-    from characters.flops import H200_BF16_RATE, H200_FP8_RATE, chunk_collectives, chunk_cost
+    from characters.flops import H200_BF16_RATE, H200_FP8_RATE, chunk_collectives, chunk_cost, rank_memory
 
     budget = 1000 * 4 / 24  # ms per 4-frame chunk at 24 fps
     print(f"{'preset':<9} {'params':>8} {'resolution':>10} {'tok/chunk':>9} {'keys':>6} {'steps':>5} "
@@ -37,8 +37,9 @@ def _presets(_: argparse.Namespace) -> int:
           f"budget {budget:.1f} ms per chunk")
     print("measured 57b rank steps (benchmarks/h200/step_57b_tp*_fp8.json, communication excluded, sequence "
           "parallel): h100x4 (3 + 1) bf16 205.0 ms, FP8 151.4 ms; h100x5 (4 + 1) bf16 156.3, FP8 116.0 ms")
-    print("57b, sequence parallel in FP8 (and its KV cache), per rank: parameters and collectives a chunk, every "
-          "layer split -> the token-local layers whole (topology.local_layers) -> self-attention whole too "
+    print("57b, sequence parallel in FP8 (and its KV cache), per rank: parameters, what the rank holds (weights + KV "
+          "cache, cuDNN's FP8 form; activations and CUDA graphs come on top) and collectives a chunk, every layer "
+          "split -> the token-local layers whole (topology.local_layers) -> self-attention whole too "
           "(topology.local_attention)")
     for topo in ("h100x4", "h100x5"):
         rows = []
@@ -47,12 +48,14 @@ def _presets(_: argparse.Namespace) -> int:
                                                     "local_attention": attention})
             cfg = session_config("57b", t.model_dump(), dtype="bfloat16",
                                  model={"precision": "fp8", "attention_precision": "fp8"})
-            calls = chunk_collectives(cfg)
+            calls, held = chunk_collectives(cfg), rank_memory(cfg)
             rows.append((chunk_cost(cfg).params_per_rank / 1e9, sum(c.calls for c in calls),
-                         sum(c.calls * c.bytes for c in calls) / 1e9))
-        print(f"  {topo}: " + " -> ".join(f"{p:.1f} B" for p, _, _ in rows) + " parameters, "
-              + " -> ".join(str(n) for _, n, _ in rows) + " calls, "
-              + " -> ".join(f"{b:.1f}" for _, _, b in rows) + " GB of tensors (whole)")
+                         sum(c.calls * c.bytes for c in calls) / 1e9,
+                         f"{held.weights_bytes / 1e9:.1f} + {held.cache_bytes / 1e9:.1f}"))
+        print(f"  {topo}: " + " -> ".join(f"{r[0]:.1f} B" for r in rows) + " parameters, "
+              + " -> ".join(f"{r[3]}" for r in rows) + " GB held, "
+              + " -> ".join(str(r[1]) for r in rows) + " calls, "
+              + " -> ".join(f"{r[2]:.1f}" for r in rows) + " GB of tensors (whole)")
     return 0
 
 

@@ -318,8 +318,9 @@ class TopologyConfig(_Frozen):
         description="With local_layers: self-attention keeps its whole weights on every rank too. Each rank projects "
         "Q, K and V of its own tokens, writes its K/V rows in the cache's form, all-gathers the chunk's other rows "
         "from the other ranks (one collective a block: K and V, e4m3 in FP8; no reduce-scatter) and attends its own "
-        "queries over every key. The same FLOPs per rank; every rank holds the whole model (57b: ~57 GB in FP8) and "
-        "every head's KV cache.",
+        "queries over every key. The same FLOPs per rank; every rank holds the whole model and every head's KV cache "
+        "(57b: 59.3 + 16.0 GB in FP8, against 46.1 + 5.3 at 3 ranks with local_layers alone; characters presets): "
+        "tight on an 80 GB H100.",
     )
     tp_overlap: Literal["none", "ring", "symm_mem"] = Field(
         default="none",

@@ -23,6 +23,7 @@ import torch
 
 from characters.config import ModelConfig, SessionConfig
 from characters.dit import Block, CausalDiT
+from characters.kv_cache import KVCache
 from characters.tp import ParallelLinear, apply_tensor_parallel
 
 # Matmul rates measured on the lent H200 (FLOP/s): the median over the 15 step runs of benchmarks/h200/step_*_fp8.json
@@ -102,6 +103,33 @@ def chunk_cost(session: SessionConfig) -> ChunkCost:
                      flops_per_chunk=n * per_forward, flops_per_chunk_per_rank=n * per_forward_rank,
                      linear_flops_per_chunk_per_rank=n * linear, attention_flops_per_chunk_per_rank=n * attention,
                      other_flops_per_chunk_per_rank=n * (per_forward_rank - linear - attention))
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    weights_bytes: int  # the rank's DiT weights as it holds them (FP8 blocks under precision='fp8', scales included)
+    cache_bytes: int  # its KV cache (every head it attends: all of them under topology.local_attention)
+
+
+def rank_memory(session: SessionConfig) -> RankMemory:
+    """What one DiT rank of `session` holds on its GPU before any step runs: its share of the weights (split, or kept
+    whole by `topology.local_layers` / `local_attention`) in the session's precision and its KV cache (FP8 in the
+    form of `model.attention_fp8_kernel`; 'auto' counts as cuDNN's). Worked out on the meta device: nothing is
+    allocated. Activations, workspaces and CUDA graphs come on top."""
+    cfg, topo, ranks = session.model, session.topology, session.topology.dit_ranks
+    if cfg.attention_precision == "fp8" and cfg.attention_fp8_kernel == "auto":
+        cfg = cfg.model_copy(update={"attention_fp8_kernel": "cudnn"})
+    dtype = {"float32": torch.float32, "float16": torch.float16}.get(session.dtype or "", torch.bfloat16)
+    model = build_meta_dit(cfg)
+    apply_tensor_parallel(model, rank=0, size=ranks, communicate=False, sequence_parallel=topo.sequence_parallel,
+                          local_layers=topo.local_layers, local_attention=topo.local_attention)
+    model.to(dtype)
+    if cfg.precision == "fp8":
+        model.to_fp8()
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    heads = cfg.dit.num_heads if topo.local_attention else cfg.dit.num_heads // ranks  # as `DiTRunner` has them
+    cache = KVCache(cfg, local_heads=heads, device="meta", dtype=dtype, attention_backend="sdpa")
+    return RankMemory(weights_bytes=weights, cache_bytes=cache.nbytes())
 
 
 @dataclass(frozen=True)

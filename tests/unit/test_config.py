@@ -75,6 +75,7 @@ def test_presets_command_prints_every_preset(capsys) -> None:
     for name in ("tiny", "wan-1.3b", "57b"):
         assert name in out
     assert "57.5" in out and "1088x704" in out and "2992" in out
+    assert "20.6 + 5.3 -> 46.1 + 5.3 -> 59.3 + 16.0 GB held" in out  # 57b on h100x4: weights + FP8 cache a rank
 
 
 def test_cpu_threads_and_decoder_output_fields() -> None:

@@ -20,6 +20,7 @@ from characters import weights
 from characters.config import check_tensor_parallel, model_preset, session_config
 from characters.dit import CausalDiT, ElementwiseOps
 from characters.engine import DiTRunner
+from characters.flops import rank_memory
 from characters.kv_cache import KVCache
 from characters.process_group import free_port, join, leave
 from characters.tp import ParallelLinear, apply_tensor_parallel
@@ -351,6 +352,22 @@ def test_fp8_dit_is_made_a_block_at_a_time_and_equals_the_whole_build(monkeypatc
         assert made[name].dtype == tensor.dtype and torch.equal(made[name], tensor), name
     with pytest.raises(ValueError, match="built on the meta device"):
         materialize_dit(dit, cfg.seed, "cpu", fp8=True)
+
+
+@pytest.mark.parametrize(("ranks", "layout", "precision"), [(1, "rep", "fp8"), (2, "sp", "fp8"), (2, "spa", "fp8"),
+                                                          (2, "spl", "bf16")])
+def test_rank_memory_is_what_a_built_rank_holds(ranks: int, layout: str, precision: str) -> None:
+    """`characters.flops.rank_memory` (what `characters presets` prints per rank) is the weights and the KV cache a
+    rank really makes, to the byte: split, kept whole, FP8 or not."""
+    topology = {"name": "t", "dit_ranks": ranks, "decoder_gpus": 0, "sequence_parallel": layout != "rep",
+                "local_layers": layout in ("spl", "spa"), "local_attention": layout == "spa"}
+    cfg = session_config("tiny", topology, seed=4, weights="random", dtype="float32",
+                         model={"precision": precision, "attention_precision": precision,
+                                "attention_fp8_kernel": "cudnn"})
+    runner = DiTRunner(cfg, rank=0, ranks=ranks, communicate=False, emulate_fp8=True)
+    held = rank_memory(cfg)
+    assert held.weights_bytes == sum(t.numel() * t.element_size() for t in runner.dit.state_dict().values())
+    assert held.cache_bytes == runner.cache.nbytes() > 0
 
 
 def test_a_checkpoint_with_tensors_no_part_takes_is_refused(tmp_path: Path) -> None:
