@@ -119,7 +119,7 @@ def rank_memory(session: SessionConfig) -> RankMemory:
     cfg, topo, ranks = session.model, session.topology, session.topology.dit_ranks
     if cfg.attention_precision == "fp8" and cfg.attention_fp8_kernel == "auto":
         cfg = cfg.model_copy(update={"attention_fp8_kernel": "cudnn"})
-    dtype = {"float32": torch.float32, "float16": torch.float16}.get(session.dtype or "", torch.bfloat16)
+    dtype = getattr(torch, session.dtype)  # the compute dtype (`presets`: bfloat16, a GPU session's)
     model = build_meta_dit(cfg)
     apply_tensor_parallel(model, rank=0, size=ranks, communicate=False, sequence_parallel=topo.sequence_parallel,
                           local_layers=topo.local_layers, local_attention=topo.local_attention)
