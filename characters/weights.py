@@ -6,7 +6,7 @@ whatever the tensor-parallel split, and memory stays at one parameter's full siz
 
 A DiT in FP8 (`CausalDiT.to_fp8`) saves its blocks' linear weights in e4m3 with a `<layer>.weight_scale`
 (float32, per output channel) beside each; such a checkpoint loads into a model converted first
-(`checkpoint_precision` says which kind a checkpoint is). Its shards slice the scales with the rows they belong to.
+(`DiTCheckpoint.fp8` says which kind a checkpoint is). Its shards slice the scales with the rows they belong to.
 A session's DiT is made a part at a time (`materialize_dit`): an FP8 one holds one block in the compute dtype at
 most, beside the blocks already quantised.
 
@@ -193,7 +193,7 @@ class DiTCheckpoint:
         self.fp8 = any(k.endswith(".weight_scale") for k in self.names)  # FP8 linear weights (`to_fp8`)
         self._taken: set[str] = set()
         self._missing: list[str] = []
-        self._wrong: list[str] = []
+        self._wrong: dict[str, str] = {}  # name -> what was there against what the model has
 
     def __enter__(self) -> DiTCheckpoint:
         return self
@@ -220,15 +220,15 @@ class DiTCheckpoint:
             if self.slices and isinstance(owner, ParallelLinear) and pname in ("weight", "bias", "weight_scale"):
                 tensor = owner.shard_tensor(pname, tensor)  # type: ignore[arg-type]
             if tensor.shape != target.shape:
-                self._wrong.append(f"{name} {tuple(tensor.shape)} for {tuple(target.shape)}")
+                self._wrong[name] = f"{name} {tuple(tensor.shape)} for {tuple(target.shape)}"
                 continue
             target.data.copy_(tensor)
             self._taken.add(name)
 
     def close(self) -> None:
         """Refuse a checkpoint that did not fit what `load_into` was given (call once every part is loaded)."""
-        unexpected = sorted(self.names - self._taken - {w.split(" ")[0] for w in self._wrong})
-        missing, wrong = sorted(self._missing), self._wrong
+        unexpected = sorted(self.names - self._taken - self._wrong.keys())
+        missing, wrong = sorted(self._missing), list(self._wrong.values())
         self._file = None  # type: ignore[assignment]
         if missing or unexpected or wrong:
             raise ValueError(f"weights {self.path} do not fit the model: missing {missing[:5]}, unexpected "
@@ -237,15 +237,6 @@ class DiTCheckpoint:
 
 def _kept_whole(model: nn.Module) -> bool:
     return any(isinstance(m, ParallelLinear) and m.kept_whole for m in model.modules())
-
-
-@torch.no_grad()
-def load_dit_weights(model: nn.Module, directory: str | Path, rank: int, ranks: int) -> nn.Module:
-    """Load rank `rank`'s share of a DiT into `model` (`DiTCheckpoint`)."""
-    with DiTCheckpoint(directory, rank, ranks, kept_whole=_kept_whole(model)) as ckpt:
-        ckpt.load_into(model)
-        ckpt.close()
-    return model
 
 
 @torch.no_grad()
@@ -286,17 +277,6 @@ def materialize_dit(dit: CausalDiT, seed: int, device: torch.device | str, *, we
     if fp8:
         dit.to_fp8()  # the elementwise steps in their quantising form (every block is converted)
     return dit
-
-
-def checkpoint_precision(directory: str | Path, rank: int = 0, ranks: int = 1) -> str:
-    """'fp8' when the DiT file rank `rank` loads holds FP8 linear weights (`*.weight_scale` entries), else 'bf16'."""
-    path = shard_path(directory, rank, ranks)
-    if not path.is_file():
-        path = Path(directory) / "dit.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"weights directory {directory} has neither {path.name} nor dit.safetensors")
-    with safe_open(str(path), framework="pt") as f:
-        return "fp8" if any(k.endswith(".weight_scale") for k in f.keys()) else "bf16"  # noqa: SIM118
 
 
 def save_dit_shards(full_model: nn.Module, directory: str | Path, ranks: int) -> list[Path]:

@@ -24,7 +24,7 @@ from characters.flops import rank_memory
 from characters.kv_cache import KVCache
 from characters.process_group import free_port, join, leave
 from characters.tp import ParallelLinear, apply_tensor_parallel
-from characters.weights import checkpoint_precision, init_weights, materialize_dit, save_model_config, save_weights
+from characters.weights import DiTCheckpoint, init_weights, materialize_dit, save_model_config, save_weights
 from kernels.fp8 import (
     FP8,
     Fp8Act,
@@ -280,7 +280,7 @@ def _fp8_checkpoint(directory: Path) -> DiTRunner:
 
 def test_fp8_checkpoint_loads_as_fp8(tmp_path: Path) -> None:
     saved = _fp8_checkpoint(tmp_path)
-    assert checkpoint_precision(tmp_path) == "fp8"
+    assert DiTCheckpoint(tmp_path, 0, 1, kept_whole=False).fp8
     loaded = DiTRunner(saved.cfg.model_copy(update={"weights": str(tmp_path), "seed": 11}), emulate_fp8=True)
     for a, b in zip(saved.dit.state_dict().values(), loaded.dit.state_dict().values(), strict=True):
         assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype == FP8 else a,
@@ -296,7 +296,7 @@ def test_bf16_checkpoint_is_quantised_at_load(tmp_path: Path) -> None:
     save_model_config(ref.cfg.model, tmp_path)
     save_weights(ref.dit, tmp_path / "dit.safetensors")
     save_weights(ref.audio_encoder, tmp_path / "audio.safetensors")
-    assert checkpoint_precision(tmp_path) == "bf16"
+    assert not DiTCheckpoint(tmp_path, 0, 1, kept_whole=False).fp8
     cfg = ref.cfg.model_copy(update={"weights": str(tmp_path), "seed": 11,
                                      "model": ref.cfg.model.model_copy(update={"precision": "fp8"})})
     fp8 = DiTRunner(cfg, emulate_fp8=True)
