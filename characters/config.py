@@ -322,6 +322,14 @@ class TopologyConfig(_Frozen):
         "(57b: 59.3 + 16.0 GB in FP8, against 46.1 + 5.3 at 3 ranks with local_layers alone; characters presets): "
         "tight on an 80 GB H100.",
     )
+    step_groups: int = Field(
+        default=8, ge=1, le=64,
+        description="The DiT's chunk step runs as this many parts, each a run of consecutive blocks (one CUDA graph "
+        "each on GPUs), so that a speech onset can take the place of the idle chunk in flight: the DiT gives that "
+        "chunk up between two parts and makes the onset in its cache slot instead of after it "
+        "(`ServiceConfig.preempt_idle`), waiting for about a part and a half instead of the rest of the step. "
+        "1: the step is one part (one graph), never given up.",
+    )
     tp_overlap: Literal["none", "ring", "symm_mem"] = Field(
         default="none",
         description="Sequence-parallel collectives: 'none' = NCCL's all-gather / reduce-scatter next to the GEMMs; "

@@ -9,7 +9,7 @@ from the flow-matching timestep scales and shifts both residual branches (Wan2.1
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
@@ -342,6 +342,27 @@ def block_causal_mask(n_sink: int, chunk_tokens: int, chunks: int, ring: int,
     return (k == -1) | in_window & (q >= 0) | (q == -1) & (k == -1)
 
 
+Parts = Generator[None, None, torch.Tensor]  # a forward that pauses between groups of blocks
+
+
+def block_groups(blocks: int, groups: int) -> list[int]:
+    """Where `groups` runs of consecutive blocks end, as even as they split (the last ends at `blocks`); more groups
+    than blocks: one block each."""
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    n = min(groups, blocks)
+    return [blocks * (i + 1) // n for i in range(n)]
+
+
+def run_parts(parts: Parts) -> torch.Tensor:
+    """Run a paused forward (`CausalDiT.forward_parts`) through; its output."""
+    while True:
+        try:
+            next(parts)
+        except StopIteration as done:
+            return done.value
+
+
 class CausalDiT(nn.Module):
     audio_index: torch.Tensor
 
@@ -435,10 +456,12 @@ class CausalDiT(nn.Module):
         return e0, self.time_proj(e0).view(b, ln, 6, -1)
 
     def _run(self, patches: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, nf: int, attend: AttendFn,
-             modulation: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             modulation: tuple[torch.Tensor, torch.Tensor] | None = None, groups: int = 1) -> Parts:
         # patches (B, T, C*ph*pw); t (B, 1 or T); `modulation`: `self.modulation(t)` made earlier. Under sequence
         # parallelism the residual stream holds this rank's m rows of tokens from the embedding to the head; the
-        # head's output is gathered.
+        # head's output is gathered. A generator: it pauses between `groups` runs of blocks (`block_groups`) and
+        # returns the output (`run_parts` runs it through).
+        ends = set(block_groups(len(self.blocks), groups)[:-1])
         dtype, shards = patches.dtype, self.shards
         e0, e = self.modulation(t) if modulation is None else modulation
         e0, e = e0.to(dtype), e.to(dtype)  # (B, L, D), (B, L, 6, D)
@@ -451,6 +474,8 @@ class CausalDiT(nn.Module):
         pending = None
         for i, block in enumerate(self.blocks):
             tokens, pending = block(tokens, e, ctx.to(dtype), i, attend, pending)
+            if i + 1 in ends:
+                yield
         if pending is not None:  # the last block's closing residual
             last = self.blocks[-1]
             assert isinstance(last, Block)
@@ -463,7 +488,16 @@ class CausalDiT(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: KVCache, offset: int, valid: int,
                 modulation: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """One forward over a chunk (or the reference frame) with the KV cache.
+        """One forward over a chunk (or the reference frame) with the KV cache: `forward_parts` run through."""
+        return run_parts(self.forward_parts(x, t, ctx, rope, cache, offset, valid, modulation))
+
+    def forward_parts(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor,
+                      rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, offset: int | torch.Tensor,
+                      valid: int, modulation: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      groups: int = 1) -> Parts:
+        """One forward over a chunk (or the reference frame) with the KV cache, as a generator that pauses after
+        each of `groups` runs of blocks but the last (`block_groups`; the caller may stop there: a chunk the
+        DiT gives up, `DiTRunner.step`) and returns the output.
 
         x (B, C, nF, h, w) latents at time t (B,); ctx (B, nF, A, Dc) from `audio_context`;
         rope: (cos, sin) (T, Dh/2). Writes this chunk's K/V at `offset` and attends over
@@ -484,7 +518,7 @@ class CausalDiT(nn.Module):
             kv_shards.begin(cos.shape[0])  # this forward's T tokens (`_run` begins it again, the same)
             rows_cos, rows_sin = kv_shards.split(cos[None])[0], kv_shards.split(sin[None])[0]  # (m, Dh/2)
 
-        return self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend, modulation)
+        return (yield from self._run(self.patchify(x), t[:, None], ctx, x.shape[2], attend, modulation, groups))
 
     def forward_sequence(self, x: torch.Tensor, t: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -504,4 +538,4 @@ class CausalDiT(nn.Module):
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), qkv[:, :, 2].transpose(1, 2),
                                                   attn_mask=mask)
 
-        return self._run(self.patchify(x), t, ctx, x.shape[2], attend)
+        return run_parts(self._run(self.patchify(x), t, ctx, x.shape[2], attend))

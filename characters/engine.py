@@ -8,8 +8,9 @@ integers the runner already knows. Ray actors (deployments/) wrap these classes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from characters.audio import AudioEncoder, AudioFrontend, chunk_sample_range
 from characters.config import SessionConfig, check_tensor_parallel
-from characters.dit import CausalDiT
+from characters.dit import CausalDiT, Parts, run_parts
 from characters.kv_cache import KVCache
 from characters.rope import RopeTables
 from characters.telemetry import StageRecorder
@@ -115,8 +116,10 @@ class DiTRunner:
         self._modulations: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
         self.generator = torch.Generator(device=self.device)
         self.chunk = 0
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # valid context length -> captured step
+        self.groups = topo.step_groups  # the step's parts: a chunk may be given up between two (`step`'s `stop`)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # valid context length -> the step's parts, captured
         self._graph_out: dict[int, torch.Tensor] = {}
+        self._part_done: list[torch.cuda.Event] = []  # (CUDA, a step that may stop) each part's end, as replayed
         self.recorder: StageRecorder | None = None  # optional stage timing ("dit", "cache_write"); off by default
 
     def _pick_attention(self, heads: int) -> AttentionBackend:
@@ -161,34 +164,72 @@ class DiTRunner:
         n = self.cache.sink_tokens
         self.dit(ref, self.times[0.0], ctx, self.sink_rope, self.cache, 0, n, self.modulation(0.0))
 
-    @torch.inference_mode()
-    def step(self, pcm: np.ndarray, record: list[ForwardRecord] | None = None) -> torch.Tensor:
-        """Generate chunk k from its audio samples (float32 mono 16 kHz, exactly the chunk's count).
-        Returns latents (1, C, Cf, h, w) in float32."""
-        return self.step_windows(self.frontend.push(pcm), record)
+    @overload
+    def step(self, pcm: np.ndarray, record: list[ForwardRecord] | None = None, stop: None = None) -> torch.Tensor: ...
+
+    @overload
+    def step(self, pcm: np.ndarray, record: list[ForwardRecord] | None = None, *,
+             stop: Callable[[], bool]) -> torch.Tensor | None: ...
 
     @torch.inference_mode()
-    def step_windows(self, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None = None
-                     ) -> torch.Tensor:
-        """One chunk from its (Fa, W) audio windows. With graphs enabled this is one graph replay."""
+    def step(self, pcm: np.ndarray, record: list[ForwardRecord] | None = None,
+             stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
+        """Generate chunk k from its audio samples (float32 mono 16 kHz, exactly the chunk's count).
+        Returns latents (1, C, Cf, h, w) in float32.
+
+        `stop`: asked between the step's parts (`topology.step_groups`; on a GPU as each part starts running, the
+        next one queued behind it). True gives the chunk up: `step` returns None at once and the next step makes
+        chunk k again, in the same cache slot, from the same noise (what the parts wrote there is overwritten).
+        The audio stream has moved on: the next step takes the next chunk's samples. Every rank of a
+        tensor-parallel DiT must answer alike (`deployments.pipeline.workers.DiTWorker` reduces the answer)."""
+        return self.step_windows(self.frontend.push(pcm), record, stop)
+
+    @overload
+    def step_windows(self, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None = None,
+                     stop: None = None) -> torch.Tensor: ...
+
+    @overload
+    def step_windows(self, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None = None,
+                     stop: Callable[[], bool] | None = None) -> torch.Tensor | None: ...
+
+    @torch.inference_mode()
+    def step_windows(self, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None = None,
+                     stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
+        """One chunk from its (Fa, W) audio windows. With graphs enabled this replays the step's parts' graphs."""
         k = self.chunk
         rec = self.recorder
         if rec is not None:
             rec.chunk = k
             mark = rec.begin("dit")
-        out = self._step(k, windows, record)
+        noise = self.generator.get_state() if stop is not None else None  # (host-side: no device sync)
+        out = self._step(k, windows, record, stop)
+        if out is None:  # given up: chunk k again next, from the same noise
+            assert noise is not None
+            self.chunk = k
+            self.generator.set_state(noise)
         if rec is not None:
             rec.end(mark)
         return out
 
-    def _step(self, k: int, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None) -> torch.Tensor:
+    def _step(self, k: int, windows: np.ndarray | torch.Tensor, record: list[ForwardRecord] | None,
+              stop: Callable[[], bool] | None) -> torch.Tensor | None:
         offset, valid = self.cache.chunk_offset(k), self.cache.chunk_valid(k)
         first_frame = k * self.cfg.model.generation.latent_frames_per_chunk
         torch.randn(self.x.shape, generator=self.generator, device=self.device, out=self.x)
         self.chunk += 1
-        graph = self.graphs.get(valid)
-        if graph is None or record is not None:
-            return self._chunk(torch.as_tensor(windows).to(self.device), offset, first_frame, valid, record)
+        graphs = self.graphs.get(valid)
+        if graphs is None or record is not None:
+            parts = self._chunk_parts(torch.as_tensor(windows).to(self.device), offset, first_frame, valid, record)
+            if stop is None:
+                return run_parts(parts)
+            while True:
+                try:
+                    next(parts)
+                except StopIteration as done:
+                    return done.value
+                if stop():
+                    parts.close()
+                    return None
         # staging ring: a pinned buffer is rewritten only once its last upload has run, which only
         # waits when the device is a whole ring of chunks behind (then the chunk is late anyway)
         host, uploaded = self._host_windows[k % len(self._host_windows)], self._uploaded[k % len(self._uploaded)]
@@ -199,26 +240,48 @@ class DiTRunner:
         uploaded.record()
         self._offset.fill_(offset)
         self._first_frame.fill_(first_frame)
-        graph.replay()
+        if stop is None:
+            for graph in graphs:
+                graph.replay()
+            return self._graph_out[valid].clone()
+        ended = self._part_done
+        for i, graph in enumerate(graphs):
+            if i >= 2:
+                ended[i - 2].synchronize()  # part i - 1 runs now: part i queues behind it
+            if i >= 1 and stop():
+                return None  # the parts queued still run (the stream orders the next step after them)
+            graph.replay()
+            ended[i].record()
         return self._graph_out[valid].clone()
 
     def _chunk(self, windows: torch.Tensor, offset: int | torch.Tensor, first_frame: int | torch.Tensor, valid: int,
                record: list[ForwardRecord] | None = None) -> torch.Tensor:
+        """The chunk step: `_chunk_parts` run through."""
+        return run_parts(self._chunk_parts(windows, offset, first_frame, valid, record))
+
+    def _chunk_parts(self, windows: torch.Tensor, offset: int | torch.Tensor, first_frame: int | torch.Tensor,
+                     valid: int, record: list[ForwardRecord] | None = None) -> Parts:
         """The chunk step: audio context, the denoising loop, the cache update. Static shapes and no
-        host reads, so it runs eagerly or under CUDA-graph capture (tensor offset / first_frame)."""
+        host reads, so it runs eagerly or under CUDA-graph capture (tensor offset / first_frame). A generator
+        that pauses between the step's parts: within each forward after each of its block groups
+        (`topology.step_groups`), and between forwards; it returns the latents."""
         g = self.cfg.model.generation
         ctx = self.dit.audio_context(self.audio_encoder(windows[None]).to(self.dtype))  # (1, Cf, A, Dc)
         rope = self.rope.chunk(first_frame)
         x = self.x  # (1, C, Cf, h, w) noise, filled before the step
-        for t, t_next in zip(self.sigmas[:-1], self.sigmas[1:], strict=True):
+        for i, (t, t_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):
+            if i:
+                yield
             x_in = x
-            v = self.dit(x.to(self.dtype), self.times[t], ctx, rope, self.cache, offset, valid, self.modulation(t))
+            v = yield from self.dit.forward_parts(x.to(self.dtype), self.times[t], ctx, rope, self.cache, offset,
+                                                  valid, self.modulation(t), self.groups)
             x = x + (t_next - t) * v.float()  # Euler step of dx/dt = v
         if g.cache_update == "extra_pass":  # timed as "cache_write" when recording (never inside a capture)
+            yield
             mark = self.recorder.begin("cache_write") if self.recorder is not None else None
             x_in, t = x, 0.0
-            v = self.dit(x.to(self.dtype), self.times[0.0], ctx, rope, self.cache, offset, valid,
-                         self.modulation(0.0))
+            v = yield from self.dit.forward_parts(x.to(self.dtype), self.times[0.0], ctx, rope, self.cache, offset,
+                                                  valid, self.modulation(0.0), self.groups)
             if mark is not None and self.recorder is not None:
                 self.recorder.end(mark)
         if record is not None:
@@ -268,12 +331,20 @@ class DiTRunner:
                         self._chunk(self._windows, self._offset, self._first_frame, valid)
             torch.cuda.current_stream(self.device).wait_stream(side)
             pool = None
-            for valid in valids:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._graph_out[valid] = self._chunk(self._windows, self._offset, self._first_frame, valid)
-                pool = graph.pool() if share_pool else None
-                self.graphs[valid] = graph
+            for valid in valids:  # a graph per part, in order: what a part hands the next stays in the pool
+                parts, graphs = self._chunk_parts(self._windows, self._offset, self._first_frame, valid), []
+                while valid not in self._graph_out:
+                    graph = torch.cuda.CUDAGraph()
+                    try:
+                        with torch.cuda.graph(graph, pool=pool):
+                            next(parts)
+                    except StopIteration as done:  # (the capture ended with the last part)
+                        self._graph_out[valid] = done.value
+                    graphs.append(graph)
+                    pool = graph.pool() if share_pool else None
+                self.graphs[valid] = graphs
+            parts_max = max(len(g) for g in self.graphs.values())
+            self._part_done = [torch.cuda.Event() for _ in range(parts_max)]
 
 
 class ReferenceEncoder:

@@ -291,6 +291,12 @@ class ServiceConfig(BaseModel):
         "(characters.vae, decode_first). auto: on for GPU decoders (57b on an H200: the first frame on the host in "
         "21 ms instead of 60), off on CPUs (the tiny decoder's first frame comes only 4 ms sooner, and "
         "beside a voice agent on two cores the rest of an onset's chunk came late in 2 runs of 6: README, Latency).")
+    preempt_idle: bool = Field(
+        default=True, description="LiveKit outputs: a speech onset takes the place of the idle chunk the DiT is "
+        "making when it comes: the DiT gives that chunk up between two parts of its step (topology.step_groups) and "
+        "makes the onset in its cache slot, after the chunks the viewer has, instead of waiting for the rest of the "
+        "step (an idle chunk the onset would mostly cut anyway; the idle content queued ahead of the viewer, "
+        "jitter_min_slack_ms, plays meanwhile). Off: the onset waits for the chunk in flight.")
     audio_lead_ms: float = Field(
         default=20.0, ge=0, le=500, description="LiveKit outputs: the character's audio goes to the audio source this "
         "long before its frames are due, and the source's queue plays it that much later, so a room loop that wakes "

@@ -504,6 +504,9 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
         "run_ahead_chunks": args.run_ahead, "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
         "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame,
+        "preempt_idle": args.preempt_idle == "on",
+        # idle chunks the DiT gave up for the onset after them (`ServiceConfig.preempt_idle`; none went out)
+        "given_up_chunks": sorted(k for k, ch in chunks.items() if ch.get("given_up") == "1"),
         "agent_frames": args.agent_frames,
     }
 
@@ -553,7 +556,8 @@ def main_ray(args: argparse.Namespace) -> dict[str, Any]:
                     "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
                     "run_ahead_chunks": args.run_ahead,
                     "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
-                    "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame}
+                    "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame,
+                    "preempt_idle": args.preempt_idle == "on"}
     if args.graph:
         service_args["graph"] = args.graph
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
@@ -589,7 +593,9 @@ def print_ray(result: dict[str, Any]) -> None:
         print(f"{name:<44}{p50:>9.3f}{p95:>9.3f}")
     print(f"viewer {result['viewer_fps']:.2f} fps; server generated {result['generated_fps']:.2f} fps, presented "
           f"{result['presented_fps']:.2f}; late chunks {result['late_chunks']} of {result['chunks']}; the audio "
-          f"source ran dry {result['audio_dry']} times")
+          f"source ran dry {result['audio_dry']} times" + (f"; idle chunks given up for an onset: "
+                                                           f"{len(result['given_up_chunks'])}"
+                                                           if "given_up_chunks" in result else ""))
     print("cores used over the run: " + ", ".join(f"{k} {v:.2f}" for k, v in result["cores_used"].items()))
 
 
@@ -614,6 +620,10 @@ def main() -> None:
                     default=ServiceConfig.model_fields["onset_first_frame"].default,
                     help="ray: an onset's first frame decoded and played before the rest of its chunk "
                          "(ServiceConfig.onset_first_frame; auto: GPU decoders only)")
+    ap.add_argument("--preempt-idle", choices=["on", "off"],
+                    default="on" if ServiceConfig.model_fields["preempt_idle"].default else "off",
+                    help="ray: a speech onset takes the place of the idle chunk the DiT is making "
+                         "(ServiceConfig.preempt_idle)")
     ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,
                     help="ray: how the chunk flows between the workers (ServiceConfig.graph; default: the service's)")
     ap.add_argument("--agent-frames", choices=["tts", "10", "20", "40", "100", "200"], default="20",

@@ -67,6 +67,9 @@ class LocalPipeline:
     def submit(self, inp: ChunkInput) -> None:
         self.reports.append(self.room.publish(inp, self.dec.decode(self.dit.step(inp))))  # type: ignore[arg-type]
 
+    def preempt(self, session_id: str, chunk: int) -> None:
+        self.dit.preempt(session_id, chunk)  # (chunk k - 1 is already made here: a no-op)
+
     def fetch(self, timeout_s: float) -> ChunkReport:
         return self.reports.pop(0)
 

@@ -97,6 +97,8 @@ def _class_name(text: str) -> str | None:
 class Pipeline(Protocol):
     def submit(self, inp: ChunkInput) -> None: ...
 
+    def preempt(self, session_id: str, chunk: int) -> None: ...  # give an idle chunk in flight up (DiTWorker.preempt)
+
     def fetch(self, timeout_s: float) -> ChunkReport: ...  # the oldest chunk in flight
 
     def close(self) -> bool: ...  # the session is done with it; True: nothing left in flight, it and the
@@ -177,6 +179,11 @@ class CompiledPipeline:
             self.failed = True
             raise self.workers.diagnose(classify(err)) from err
 
+    def preempt(self, session_id: str, chunk: int) -> None:
+        """Plain actor calls, beside the graph's loop (their own concurrency group), not waited on."""
+        for w in self.workers.dits:
+            w.preempt.remote(session_id, chunk)
+
     def fetch(self, timeout_s: float) -> ChunkReport:
         try:
             return self.refs.popleft().get(timeout=timeout_s)
@@ -224,6 +231,10 @@ class ActorCallPipeline:
         frames = self.w.decoder.decode.remote(*outs)
         self.refs.append(self.w.room.publish.remote(ref, frames))
 
+    def preempt(self, session_id: str, chunk: int) -> None:
+        for w in self.w.dits:  # (their own concurrency group: not queued behind the step it stops)
+            w.preempt.remote(session_id, chunk)
+
     def fetch(self, timeout_s: float) -> ChunkReport:
         try:
             return ray.get(self.refs.popleft(), timeout=timeout_s)
@@ -263,6 +274,7 @@ def run_chunk_loop(
     lead_chunks: float = 0.0,
     onsets: bool = True,
     urgent_chunks: int = 3,
+    preempt: bool = False,
 ) -> LoopResult:
     """Submit chunk k at its boundary t0 + (k - first_chunk) * chunk_s (against `clock`), keep `depth` chunks in
     flight, hand each report and its submit time to `on_report`. Stops on `stop_reason()`, at `max_duration_s`,
@@ -282,7 +294,12 @@ def run_chunk_loop(
     burst, and the idle chunk it may queue behind); so is speech taken less than a chunk before its boundary (its
     audio came at about real time, or the pipeline fell behind: no run-ahead to spare). The rest of the speech,
     made a chunk or more ahead, at the DiT's own priority, so that an agent on the same cores answers an
-    interruption within a chunk."""
+    interruption within a chunk.
+
+    `preempt`: chunks without speech are preemptible (`ChunkInput.preemptible`), and an onset asks the DiT to give
+    up the one still in flight (`Pipeline.preempt`), whose frames it would mostly cut: the onset is made in its
+    place instead of after it. Its report says so (`ChunkReport.given_up`, cut_s a whole chunk: the stream is a
+    chunk shorter, and the boundaries move as for a cut)."""
     started = t0 = clock()
     k = first_chunk
     inflight: deque[float] = deque()  # submit times
@@ -308,10 +325,12 @@ def run_chunk_loop(
             onset = onsets and speech and not spoke and full >= 2
             spoke = speech
             urgent = urgent_chunks if onset else max(0, urgent - 1)
+            if onset and preempt and inflight:  # chunk k - 1 (idle: before the onset) may still be in the making
+                pipeline.preempt(session_id, k - 1)
             submitted = clock()  # before submit: the workers may start on it before submit returns
             early = max(0.0, due - submitted)
             pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, early,
-                                       urgent > 0 or not speech or early < chunk_s))
+                                       urgent > 0 or not speech or early < chunk_s, preempt and not speech))
             inflight.append(submitted)
             k += 1
             if len(inflight) >= depth:

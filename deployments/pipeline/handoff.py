@@ -37,6 +37,7 @@ class LatentHeader:
     chunk: int  # REFERENCE (-1) for the reference latent
     shape: tuple[int, ...]  # chunk: (1, C, Cf, h, w); reference: (1, C, h, w)
     dtype: str  # torch dtype name, e.g. "float32"
+    given_up: bool = False  # the DiT gave this chunk up for a speech onset (`DiTWorker.preempt`): no latents in it
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,15 @@ class Latents:
     tensor: torch.Tensor
 
 
-def pack(session_id: str, chunk: int, tensor: torch.Tensor) -> Latents:
-    """The message for `tensor`: chunk latents (1, C, Cf, h, w) or the reference latent (1, C, h, w).
+def pack(session_id: str, chunk: int, tensor: torch.Tensor, given_up: bool = False) -> Latents:
+    """The message for `tensor`: chunk latents (1, C, Cf, h, w) or the reference latent (1, C, h, w); `given_up`: a
+    chunk the DiT gave up (the tensor, of the latents' shape for the graph's static channel, holds none).
 
     The tensor is made contiguous: the NCCL channel sends its bytes, and once a process is part of a
     compiled graph Ray serialises every tensor it returns through a byte view, which a strided tensor
     (the GPU encoder's channels-last output) refuses."""
     dtype = str(tensor.dtype).removeprefix("torch.")
-    return Latents(LatentHeader(session_id, chunk, tuple(tensor.shape), dtype), tensor.contiguous())
+    return Latents(LatentHeader(session_id, chunk, tuple(tensor.shape), dtype, given_up), tensor.contiguous())
 
 
 def unpack(message: Latents, *, session_id: str, chunk: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:

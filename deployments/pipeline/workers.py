@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import ray
 import torch
 import torch.distributed as dist
 
@@ -63,6 +64,7 @@ class ChunkInput:
     onset: bool = False  # the first speech after idle chunks: the room plays it at once (`run_chunk_loop`)
     early_s: float = 0.0  # submitted this long before its boundary (its window was full): not slack of the pipeline
     urgent: bool = False  # idle, an onset or just after it, or little run-ahead: the DiT raises its priority for it
+    preemptible: bool = False  # idle: the DiT may give it up for an onset that comes while it is made (`preempt`)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Frames:
     chunk: int
     frames: np.ndarray  # (F, H, W, 3) uint8
     stages: tuple[StageTime, ...] = ()  # DiT and decoder stage times (telemetry on)
+    given_up: bool = False  # the DiT gave the chunk up for an onset (no frames): the room publishes nothing
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class ChunkReport:
     cut_s: float = 0.0  # an onset chunk: idle content the room cut ahead of it (the chunk clock moves as much)
     audio_dry: int = 0  # times the output's audio queue had run empty so far (a gap heard; LiveKit rooms)
     head_frames: int = 0  # frames that went out before the rest of the chunk (an onset's first: `publish_first`)
+    given_up: bool = False  # an idle chunk the DiT gave up for the onset after it (nothing published; cut_s: a chunk)
 
 
 class SessionMismatch(RuntimeError):
@@ -205,8 +209,11 @@ class DiTWorker:
         self.timer = StageTimer(on_stage=stage_spans("dit", rank, trace_context, STAGES[-1]))
         self.device = torch.device("cpu")
         self.group: dist.ProcessGroup | None = None
+        self.signals: dist.ProcessGroup | None = None  # (ranks > 1) gloo, on the host: the ranks agree to give up
         self.runner: DiTRunner | None = None
         self.session_id: str | None = None
+        self.given_up = 0  # chunks of this session given up (`preempt`): chunk k is made as runner chunk k - given_up
+        self._preempt: tuple[str, int] | None = None  # the (session, chunk) to give up, set by `preempt`
         m = cfg.model
         self.latent_shape = (1, m.dit.latent_channels, m.generation.latent_frames_per_chunk, *m.latent_hw)
 
@@ -227,6 +234,7 @@ class DiTWorker:
                 return
             self.group = join("nccl" if self.device.type == "cuda" else "gloo", port, self.rank, self.ranks,
                               timeout_s=timeout_s, gloo_ifname=GLOO_SOCKET_IFNAME.get())
+            self.signals = dist.new_group(backend="gloo")  # host-side, beside the step's stream (`_agree`)
 
     def load_weights(self) -> None:
         with self.timer.stage("load_weights"):
@@ -266,27 +274,43 @@ class DiTWorker:
         if runner.recorder is not None:
             runner.recorder.reset()
             runner.recorder.anchor()  # re-tie GPU and host clocks at every session start (outside the loop)
-        self.session_id = session_id
+        self.session_id, self.given_up, self._preempt = session_id, 0, None
+
+    @ray.method(concurrency_group="signal")
+    def preempt(self, session_id: str, chunk: int) -> None:
+        """Give chunk `chunk` of `session_id` up if it is still being made (`ChunkInput.preemptible`: an idle chunk):
+        a speech onset came after it. The DiT stops between two parts of its step (`topology.step_groups`) and
+        makes the onset, the next chunk, in its place: the same cache slot, after the chunks the viewer has. Sent
+        to every rank, any one's is enough (`_agree`); one for a chunk already made does nothing. The slot's
+        actors run it beside the chunk path (its own concurrency group: `deployments.sessions.slot`)."""
+        self._preempt = (session_id, chunk)
 
     def step(self, inp: ChunkInput) -> Latents | Ack:
-        """Chunk k's audio -> rank 0: its latents (1, C, Cf, h, w) for the decoder; other ranks: an Ack."""
+        """Chunk k's audio -> rank 0: its latents (1, C, Cf, h, w) for the decoder; other ranks: an Ack. A
+        preemptible chunk given up (`preempt`) -> latents marked `given_up`."""
         runner = self._runner()
-        if inp.session_id != self.session_id or inp.chunk != runner.chunk:
+        if inp.session_id != self.session_id or inp.chunk != runner.chunk + self.given_up:
             raise SessionMismatch(
-                f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk}, got session "
-                f"{inp.session_id!r} chunk {inp.chunk}; start the session on this worker first"
+                f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk + self.given_up}, "
+                f"got session {inp.session_id!r} chunk {inp.chunk}; start the session on this worker first"
             )
         urgent = self.urgent_nice
         calm = urgent is not None and not inp.urgent and prioritize_thread(self._calm_nice)
         rec = runner.recorder
+        which = (inp.session_id, inp.chunk)
+        stop = (lambda: self._agree(self._preempt == which)) if inp.preemptible else None
         t0 = time.time_ns()
         try:
-            latents = runner.step(inp.pcm)  # (1, C, Cf, h, w) float32
+            latents = runner.step(inp.pcm, stop=stop)  # (1, C, Cf, h, w) float32, None: given up
         finally:
             if calm and urgent is not None:  # and waits for the next chunk at the chunk path's priority
                 prioritize_thread(urgent)
+        if latents is None:
+            self.given_up += 1
         if self.rank != 0:
             return Ack(self.rank, inp.chunk)
+        if latents is None:  # the decoder skips it; the tensor fills the graph's channel (its shape is static)
+            return pack(inp.session_id, inp.chunk, torch.zeros_like(runner.x), given_up=True)
         msg = pack(inp.session_id, inp.chunk, latents)
         if rec is None:
             return msg
@@ -295,11 +319,20 @@ class DiTWorker:
             stages.append(StageTime(inp.chunk, "dit", t0, time.time_ns() - t0, "host"))
         return TimedLatents(msg.header, msg.tensor, tuple(stages))
 
+    def _agree(self, mine: bool) -> bool:
+        """Whether any rank was asked to give the chunk up: every rank stops at the same part (their collectives
+        must meet). One all-reduce over the host-side gloo group a part."""
+        if self.signals is None:
+            return mine
+        flag = torch.tensor([int(mine)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.signals)
+        return bool(flag.item())
+
     def reset(self) -> None:
         """Wipe every trace of the last session (KV cache, audio history, chunk index)."""
         if self.runner is not None:
             self.runner.reset()
-        self.session_id = None
+        self.session_id, self.given_up, self._preempt = None, 0, None
 
     def ping(self) -> int:
         return self.rank
@@ -336,6 +369,7 @@ class DecoderWorker:
         self._rest: tuple[int, tuple[StageTime, ...]] | None = None  # a chunk's rest is due: (its t0, stages so far)
         m = cfg.model
         self.latent_shape = (1, m.dit.latent_channels, m.generation.latent_frames_per_chunk, *m.latent_hw)
+        self.frame_shape = (m.generation.height, m.generation.width, 3)
         self._references: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # image digest -> (1, C, h, w) latent
         self.references_encoded = 0
 
@@ -411,9 +445,15 @@ class DecoderWorker:
         self.session_id, self.chunk, self._rest = session_id, 0, None
 
     def decode(self, latents: Latents, *acks: Ack) -> Frames:
-        """Chunk k's latents (from DiT rank 0; acks from the other ranks) -> its (F, H, W, 3) uint8 frames."""
+        """Chunk k's latents (from DiT rank 0; acks from the other ranks) -> its (F, H, W, 3) uint8 frames. A chunk
+        the DiT gave up (`DiTWorker.preempt`) -> no frames, marked `given_up`; the decoder's state stays where it
+        was, for the onset that takes its place."""
         runner, _ = self._parts()
         z = self._latents(latents, acks)
+        if latents.header.given_up:
+            self.chunk += 1
+            return Frames(latents.header.session_id, self.chunk - 1, np.zeros((0, *self.frame_shape), np.uint8),
+                          given_up=True)
         t0 = time.time_ns()
         frames = runner.decode(z).cpu().numpy()  # (F, H, W, 3) uint8 (the copy to host waits for the decode)
         return self._frames(frames, latents, t0)
@@ -422,7 +462,7 @@ class DecoderWorker:
         """`decode`, but a speech onset's chunk (`inp.onset`) in two parts: this returns its first frame, made in
         about half of the chunk's decode (`CausalDecoder.decode_first`), for the room to play at once; `decode_rest`
         the rest. Any other chunk: all its frames here, and none from `decode_rest` (the graph calls both)."""
-        if not (inp.onset and self.first_frame):
+        if not (inp.onset and self.first_frame) or latents.header.given_up:
             return self.decode(latents, *acks)
         runner, _ = self._parts()
         z = self._latents(latents, acks)

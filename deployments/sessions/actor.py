@@ -138,7 +138,8 @@ class SessionActor:
                                     resume=resume,
                                     paced=keeps_real_time(self.service.pacing, spec.output.kind),
                                     lead_chunks=self.service.run_ahead_chunks,
-                                    onsets=self.service.onset_slack_ms is not None)
+                                    onsets=self.service.onset_slack_ms is not None,
+                                    preempt=self.service.preempt_idle and spec.output.kind == "livekit")
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         self._task = asyncio.get_running_loop().create_task(self._run(self.runner))

@@ -231,13 +231,14 @@ class SessionRunner:
                  wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None,
                  on_chunk: Callable[[ChunkReport, float], None] | None = None,
                  history: History | None = None, resume: Resume | None = None, paced: bool = True,
-                 lead_chunks: float = 2.0, onsets: bool = True) -> None:
+                 lead_chunks: float = 2.0, onsets: bool = True, preempt: bool = False) -> None:
         g = cfg.model.generation
         self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
         self.paced = paced  # False: chunks back to back (ServiceConfig.pacing "unpaced")
         self.lead_chunks = lead_chunks  # a chunk whose audio is all queued may go this early (run_chunk_loop)
         self.onsets = onsets  # mark speech onsets (the room plays them at once)
+        self.preempt = preempt and onsets  # an onset takes the idle chunk in flight's place (run_chunk_loop)
         self.clock, self.wall = clock, wall
         self.audio = audio or AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
         self.stats = SessionStats()
@@ -317,7 +318,7 @@ class SessionRunner:
                 max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
                 wait=self._wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report,
                 ready=self.audio.windows_ready if self.paced else None, lead_chunks=self.lead_chunks,
-                onsets=self.onsets)
+                onsets=self.onsets, preempt=self.preempt)
             self.loop_ended_at = self.clock()
             if result.failure is not None:
                 return self.finish(SessionStatus.FAILED, str(result.failure))
@@ -343,36 +344,45 @@ class SessionRunner:
             if first:
                 self.started_at = self.wall()
                 self._events.append(EventDraft("status", status=SessionStatus.RUNNING, at=self.started_at))
-            s = self.stats
-            self._latency.append((report.published_at - submitted_at) * 1e3)
-            lat = np.asarray(self._latency)
-            s.chunks, s.frames = s.chunks + 1, s.frames + report.frames
-            s.late_chunks += report.late
-            s.fps, s.presented_fps = report.delivered_fps, report.presented_fps
-            s.step_ms_p50, s.step_ms_p95 = float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
-            s.buffer_ms, s.av_offset_ms = report.buffer_s * 1e3, report.av_offset_s * 1e3
-            self._stages.add(report.stages, report.chunk)
-            s.stage_ms = self._stages.p50()
-            detail = f"digest={report.digest} late={int(report.late)}" + (
-                f" cut_ms={report.cut_s * 1e3:.1f}" if report.cut_s else "") + (
-                f" audio_dry={report.audio_dry}" if report.audio_dry else "") + (
-                f" head_frames={report.head_frames}" if report.head_frames else "") + "".join(
-                f" {t.stage}_ms={t.duration_ns / 1e6:.1f}" for t in report.stages
-                if t.chunk == report.chunk and t.source == "host" and t.stage in ("dit", "decode"))
-            self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,
-                                           at=self.wall()))
+            if report.given_up:  # nothing went out: not a chunk of the stream, no latency
+                self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset,
+                                               detail="given_up=1 (the onset after it took its place)",
+                                               at=self.wall()))
+            else:
+                self._published(report, submitted_at)
             for ev in report.playback:
                 self._events.append(playback_event(ev, self.wall()))
                 if ev.kind == "started" and ev.latency_s is not None:
                     self._speech.append(ev.latency_s * 1e3)
-                    s.speech_ms_p50 = float(np.median(self._speech))
+                    self.stats.speech_ms_p50 = float(np.median(self._speech))
         if self.history is not None:
             self.history.on_published(report.chunk)
         if first:
             self.on_event()
-        if self.on_chunk is not None:
+        if self.on_chunk is not None and not report.given_up:
             try:
                 self.on_chunk(report, submitted_at)
             except Exception:  # telemetry must never stop a session: drop it, say so once
                 log.exception("session %s: chunk telemetry failed; it is off for this session", self.session_id)
                 self.on_chunk = None
+
+    def _published(self, report: ChunkReport, submitted_at: float) -> None:
+        """A chunk that went out: the stats and its event (under the lock)."""
+        s = self.stats
+        self._latency.append((report.published_at - submitted_at) * 1e3)
+        lat = np.asarray(self._latency)
+        s.chunks, s.frames = s.chunks + 1, s.frames + report.frames
+        s.late_chunks += report.late
+        s.fps, s.presented_fps = report.delivered_fps, report.presented_fps
+        s.step_ms_p50, s.step_ms_p95 = float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
+        s.buffer_ms, s.av_offset_ms = report.buffer_s * 1e3, report.av_offset_s * 1e3
+        self._stages.add(report.stages, report.chunk)
+        s.stage_ms = self._stages.p50()
+        detail = f"digest={report.digest} late={int(report.late)}" + (
+            f" cut_ms={report.cut_s * 1e3:.1f}" if report.cut_s else "") + (
+            f" audio_dry={report.audio_dry}" if report.audio_dry else "") + (
+            f" head_frames={report.head_frames}" if report.head_frames else "") + "".join(
+            f" {t.stage}_ms={t.duration_ns / 1e6:.1f}" for t in report.stages
+            if t.chunk == report.chunk and t.source == "host" and t.stage in ("dit", "decode"))
+        self._events.append(EventDraft("chunk", chunk=report.chunk + self.chunk_offset, detail=detail,
+                                       at=self.wall()))

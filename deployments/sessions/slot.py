@@ -99,6 +99,9 @@ async def _all(calls: Iterable[Awaitable[Any]], timeout_s: float, what: str) -> 
                            "raise it for large models, or check the workers' logs") from err
 
 
+DIT_ACTOR = ray.remote(concurrency_groups={"signal": 1})(DiTWorker)  # type: ignore[call-overload]  # `preempt`: beside the step
+
+
 async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *, use_gpus: bool,
                      node_id: str | None = None, trace_context: Mapping[str, str] | None = None,
                      owner: str = SCHEDULER_NAME) -> Slot:
@@ -116,7 +119,7 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
         ranks = spec.dit_ranks
         for r in range(ranks):
             b = spec.bundle_of("dit", r)
-            slot.dits.append(ray.remote(DiTWorker).options(
+            slot.dits.append(DIT_ACTOR.options(
                 name=worker_name(slot_id, "dit", r), namespace=NAMESPACE, lifetime="detached",
                 scheduling_strategy=slot.strategy(b),
                 **_share(spec, b, use_gpus)).remote(cfg, rank=r, ranks=ranks, use_gpus=use_gpus, auto_dtype=auto,

@@ -44,10 +44,14 @@ class FakePipeline:
         self.fetch_times: list[float] = []
         self.closed = False
         self.cut_s = 0.0
+        self.preempted: list[tuple[str, int]] = []
 
     def submit(self, inp: ChunkInput) -> None:
         self.submitted.append(inp)
         self.pending.append((inp, self.clock.now))
+
+    def preempt(self, session_id: str, chunk: int) -> None:
+        self.preempted.append((session_id, chunk))
 
     def fetch(self, timeout_s: float) -> ChunkReport:
         inp, submitted = self.pending.popleft()
@@ -56,6 +60,9 @@ class FakePipeline:
         published = submitted + self.latency_s
         self.clock.now = max(self.clock.now, published)  # a fetch blocks until the chunk is out
         self.fetch_times.append(self.clock.now)
+        if inp.preemptible and (inp.session_id, inp.chunk) in self.preempted:  # a DiT that gave it up
+            return ChunkReport(inp.session_id, inp.chunk, 0, False, 0.0, 24.0, "", published, cut_s=CHUNK_S,
+                               given_up=True)
         late = published > 0.05 + inp.chunk * CHUNK_S + 1e-9
         cut = self.cut_s if inp.onset else 0.0  # a room that cut this much idle content ahead of an onset
         return ChunkReport(inp.session_id, inp.chunk, 4, late, 0.0, 24.0, f"d{inp.chunk}", published, cut_s=cut)
@@ -148,7 +155,7 @@ class AgentClock(VirtualClock):
 
 
 def agent_loop(pushes: list[tuple[float, int]], cut_s: float = 0.0, max_s: float = 2.5,
-               lead_chunks: float = 2.0) -> FakePipeline:
+               lead_chunks: float = 2.0, preempt: bool = False) -> FakePipeline:
     now = [0.0]
     buf = AudioBuffer(frames_per_chunk=4, clock=lambda: now[0])
     clock = AgentClock(buf, pushes)
@@ -157,7 +164,7 @@ def agent_loop(pushes: list[tuple[float, int]], cut_s: float = 0.0, max_s: float
     pipe.cut_s = cut_s
     run_chunk_loop(pipe, session_id="s", audio=buf.take, chunk_s=CHUNK_S, depth=2, max_duration_s=max_s,
                    fetch_timeout_s=1.0, clock=clock, wait=clock.sleep, stop_reason=lambda: None,
-                   on_report=lambda r, t: None, ready=buf.windows_ready, lead_chunks=lead_chunks)
+                   on_report=lambda r, t: None, ready=buf.windows_ready, lead_chunks=lead_chunks, preempt=preempt)
     return pipe
 
 
@@ -211,6 +218,22 @@ def test_speech_at_real_time_goes_when_its_window_fills_but_is_no_onset_and_a_pa
     ins = pipe.submitted
     assert ins[4].submitted_at == pytest.approx(4 * CHUNK_S) and ins[4].pcm[:1000].all() and not ins[4].pcm[1000:].any()
     assert not any(i.onset for i in ins)
+
+
+def test_an_onset_asks_the_dit_to_give_up_the_idle_chunk_in_flight_and_the_clock_moves_a_chunk_more() -> None:
+    """`preempt`: idle chunks are preemptible, speech is not; the onset (chunk 4, 0.05 s after boundary 3) asks
+    for chunk 3, still in flight, to be given up, before it is submitted; chunk 3's report says it was (a
+    chunk of the stream gone), so the boundaries after move a chunk earlier on top of the onset's cut."""
+    t_speech = 3 * CHUNK_S + 0.05
+    pipe = agent_loop([(t_speech, 8000)], cut_s=0.125, preempt=True)
+    ins = pipe.submitted
+    assert pipe.preempted == [("s", 3)]
+    assert [i.preemptible for i in ins] == [not i.pcm.any() for i in ins] and ins[4].onset
+    after = [i for i in ins if i.chunk >= 8]
+    assert after and all(i.submitted_at == pytest.approx((i.chunk - 1) * CHUNK_S - 0.125) for i in after)
+    # without it: nothing asked, nothing preemptible, the boundaries move by the cut alone
+    pipe = agent_loop([(t_speech, 8000)], cut_s=0.125)
+    assert pipe.preempted == [] and not any(i.preemptible for i in pipe.submitted)
 
 
 def test_without_lead_nothing_goes_before_its_boundary() -> None:

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from characters.audio import chunk_sample_range
-from characters.config import SessionConfig, session_config
+from characters.config import TOPOLOGIES, SessionConfig, session_config
 from characters.media import read_mp4
-from deployments.pipeline.handoff import REFERENCE, HandoffError, pack, unpack
+from characters.process_group import free_port, leave
+from deployments.pipeline.handoff import REFERENCE, HandoffError, Latents, pack, unpack
 from deployments.pipeline.room import RoomWorker
 from deployments.pipeline.workers import (
     STAGES,
@@ -375,3 +376,127 @@ def test_the_decoder_runner_refuses_a_chunk_part_out_of_turn(cfg: SessionConfig)
             call()
     assert runner.decode_rest().shape == (3, 64, 96, 3) and runner.chunk == 1
     assert runner.decode(z).shape == (4, 64, 96, 3)
+
+
+PREEMPTIBLE = {**SMALL, "dit": {"num_layers": 3}}  # three parts a step (topology.step_groups caps at the blocks)
+
+
+def _float32_cfg() -> SessionConfig:
+    """PREEMPTIBLE with float32 GEMMs on one rank too (as on two: `topology.cpu_matmul`), to compare them."""
+    return session_config("tiny", TOPOLOGIES["cpu"].model_dump() | {"cpu_matmul": "float32"}, model=PREEMPTIBLE)
+
+
+def _preempt_session(dit: DiTWorker, sid: str, ref: Latents, *, give_up: bool) -> list[Latents | Ack]:
+    """Idle chunks 0-2 (2 preemptible, asked to be given up when `give_up`), then speech from chunk 3 (an onset)."""
+    dit.start(sid, ref, seed=11)
+    silence = [np.zeros_like(pcm(k)) for k in range(3)]
+    out = [dit.step(ChunkInput(sid, k, silence[k], preemptible=True)) for k in range(2)]
+    if give_up:
+        dit.preempt(sid, 2)
+        out.append(dit.step(ChunkInput(sid, 2, silence[2], preemptible=True)))
+    else:  # chunk 2 never made: its audio only, then chunk 3 in its slot
+        dit._runner().frontend.push(silence[2])
+        dit.given_up = 1
+    out += [dit.step(ChunkInput(sid, k, pcm(k), onset=k == 3)) for k in (3, 4)]
+    return out
+
+
+def test_an_onset_takes_the_place_of_the_idle_chunk_the_dit_gives_up(cfg: SessionConfig) -> None:
+    """`DiTWorker.preempt`: an idle chunk asked for is given up (latents marked `given_up`), the decoder skips it
+    without moving its state and the room publishes nothing, reporting a chunk cut; the onset after it is made in
+    its cache slot and from its noise: exactly the chunks a session that never began chunk 2 makes. A chunk that
+    is not preemptible, or another chunk, is not given up."""
+    small = session_config("tiny", "cpu", model=PREEMPTIBLE)
+    dit, dec = DiTWorker(small), DecoderWorker(small)
+    for w in (dit, dec):
+        w.init_device()
+    dit.init_process_group(0)
+    dec.init_process_group()
+    for w in (dit, dec):
+        w.load_weights()
+        w.warm_up()
+    assert dit._runner().groups == 8 and len(dit._runner().dit.blocks) == 3
+    image = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    ref = dec.encode_reference("a", image)
+    given = _preempt_session(dit, "a", ref, give_up=True)
+    assert isinstance(given[2], Latents) and given[2].header.given_up and dit.given_up == 1
+    assert not any(isinstance(m, Latents) and m.header.given_up for m in given[:2] + given[3:])
+    never = _preempt_session(dit, "b", pack("b", REFERENCE, ref.tensor), give_up=False)
+    for a, b in zip(given[3:], never[2:], strict=True):
+        assert isinstance(a, Latents) and isinstance(b, Latents)
+        assert torch.equal(a.tensor, b.tensor)
+    # the decoder and the room: nothing of chunk 2 goes out, the stream goes on from chunk 1's state
+    room = RoomWorker(small)
+    dec.start("a")
+    room.open("a", OutputSpec())
+    sink = room.sink = Recording()
+    reports = []
+    for k, msg in enumerate(given):
+        assert isinstance(msg, Latents)
+        inp = ChunkInput("a", k, np.zeros_like(pcm(k)) if k < 3 else pcm(k), onset=k == 3, preemptible=k < 3)
+        first = dec.decode_first(inp, msg)
+        reports.append(room.publish(inp, dec.decode_rest(first), room.publish_first(inp, first)))
+    assert [r.frames for r in reports] == [4, 4, 0, 4, 4] and [r.given_up for r in reports] == [0, 0, 1, 0, 0]
+    assert reports[2].cut_s == pytest.approx(room.chunk_s) and not reports[2].late
+    assert len(sink.writes) == 4  # chunk 2 wrote nothing
+    dec.start("b")
+    skipped = pack("b", 2, torch.zeros(dec.latent_shape), given_up=True)
+    plain = [dec.decode(m).frames for m in [*never[:2], skipped, *never[2:]] if isinstance(m, Latents)]
+    assert [len(f) for f in plain] == [4, 4, 0, 4, 4]
+    assert all(np.array_equal(a, b) for a, b in zip(sink.frames[2:], plain[3:], strict=True))
+    # not preemptible (speech), or another chunk asked for: made
+    dit.start("c", pack("c", REFERENCE, ref.tensor), seed=11)
+    dit.preempt("c", 0)
+    made = dit.step(ChunkInput("c", 0, pcm(0)))
+    dit.preempt("c", 0)
+    made_too = dit.step(ChunkInput("c", 1, np.zeros_like(pcm(1)), preemptible=True))
+    assert isinstance(made, Latents) and not made.header.given_up
+    assert isinstance(made_too, Latents) and not made_too.header.given_up and dit.given_up == 0
+
+
+def _preempt_rank(rank: int, port: int, asked: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dit = DiTWorker(_float32_cfg(), rank=rank, ranks=2, cpu_threads=1)
+    dit.init_device()
+    dit.init_process_group(port, timeout_s=60)
+    dit.load_weights()
+    dit.warm_up()
+    ref = torch.randn(1, dit.cfg.model.dit.latent_channels, *dit.cfg.model.latent_hw,
+                      generator=torch.Generator().manual_seed(1))
+    dit.start("s", pack("s", REFERENCE, ref), seed=11)
+    got = []
+    for k in range(4):  # idle 0-2, chunk 2 given up when rank `asked` alone was asked; speech from 3
+        if k == 2 and rank == asked:
+            dit.preempt("s", 2)
+        msg = dit.step(ChunkInput("s", k, pcm(k) if k == 3 else np.zeros_like(pcm(k)), preemptible=k < 3))
+        got.append(msg.header.given_up if isinstance(msg, Latents) else msg)
+        if isinstance(msg, Latents) and not msg.header.given_up:
+            got[-1] = msg.tensor
+    torch.save((got, dit.given_up), f"{out}.{rank}")
+    dit.runner = None
+    leave()
+
+
+@pytest.mark.parametrize("asked", [0, 1])
+def test_the_ranks_of_a_tensor_parallel_dit_give_a_chunk_up_together(asked: int, tmp_path: Path) -> None:
+    """Two gloo ranks, one asked to give chunk 2 up: both stop at the same part (their collectives meet: a rank
+    that went on would hang), rank 0's message says so, and the onset after it is the one-rank worker's."""
+    torch.multiprocessing.spawn(_preempt_rank, args=(free_port(), asked, str(tmp_path / "out")), nprocs=2, join=True)
+    (r0, n0), (r1, n1) = (torch.load(tmp_path / f"out.{r}", weights_only=False) for r in (0, 1))
+    assert n0 == n1 == 1
+    assert r0[2] is True and isinstance(r1[2], Ack)
+    one = DiTWorker(_float32_cfg())
+    one.init_device()
+    one.init_process_group(0)
+    one.load_weights()
+    one.warm_up()
+    ref = torch.randn(1, one.cfg.model.dit.latent_channels, *one.cfg.model.latent_hw,
+                      generator=torch.Generator().manual_seed(1))
+    one.start("s", pack("s", REFERENCE, ref), seed=11)
+    for k in range(2):
+        one.step(ChunkInput("s", k, np.zeros_like(pcm(k))))
+    one.preempt("s", 2)
+    assert one.step(ChunkInput("s", 2, np.zeros_like(pcm(2)), preemptible=True)).header.given_up  # type: ignore[union-attr]
+    onset = one.step(ChunkInput("s", 3, pcm(3)))
+    assert isinstance(onset, Latents)
+    torch.testing.assert_close(r0[3], onset.tensor, atol=1e-4, rtol=1e-4)
