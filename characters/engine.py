@@ -115,7 +115,8 @@ class DiTRunner:
         # the DiT's timestep modulation per time (`modulation`): made at first use, kept (fixed weights)
         self._modulations: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
         self.generator = torch.Generator(device=self.device)
-        self.chunk = 0
+        self.chunk = 0  # the next chunk's cache slot and time: the stream's chunk index less `given_up`
+        self.given_up = 0  # chunks given up this session (`step`'s `stop`)
         self.groups = topo.step_groups  # the step's parts: a chunk may be given up between two (`step`'s `stop`)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # valid context length -> the step's parts, captured
         self._graph_out: dict[int, torch.Tensor] = {}
@@ -151,7 +152,7 @@ class DiTRunner:
         (`seed`, default the config's)."""
         self.cache.reset()
         self.frontend.reset()
-        self.chunk = 0
+        self.chunk = self.given_up = 0
         self.generator.manual_seed(self.cfg.seed if seed is None else seed)
 
     @torch.inference_mode()
@@ -199,13 +200,14 @@ class DiTRunner:
         k = self.chunk
         rec = self.recorder
         if rec is not None:
-            rec.chunk = k
+            rec.chunk = k + self.given_up  # the stream's index (the pipeline's)
             mark = rec.begin("dit")
         noise = self.generator.get_state() if stop is not None else None  # (host-side: no device sync)
         out = self._step(k, windows, record, stop)
         if out is None:  # given up: chunk k again next, from the same noise
             assert noise is not None
             self.chunk = k
+            self.given_up += 1
             self.generator.set_state(noise)
         if rec is not None:
             rec.end(mark)

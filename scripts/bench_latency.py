@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import sys
 import tempfile
 import threading
@@ -190,6 +191,7 @@ async def run(server: LiveKitServer, args: argparse.Namespace) -> dict[str, Any]
     tasks.append(asyncio.create_task(sample_offsets()))
     agent_latency: list[float] = []
     await asyncio.sleep(1.0)
+    rng = random.Random(args.seed)
     for i in range(args.utterances):
         start = int(voiced[(i * 7919) % voiced.size])  # begin on a voiced sample: the first frame shows speech
         utter = speech[start:start + int(args.utterance_s * SR)]
@@ -202,7 +204,7 @@ async def run(server: LiveKitServer, args: argparse.Namespace) -> dict[str, Any]
         await asyncio.wait_for(output.wait_for_playout(), 30)
         if len(started_at) > n_started:
             agent_latency.append(started_at[n_started] - t_send)
-        await asyncio.sleep(args.pause_s)
+        await asyncio.sleep(pause_s(args, rng))
     t_end = time.monotonic()
     stats = sink.stats()
     for s in streams:
@@ -420,13 +422,14 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
     t_run = time.monotonic()
     cpu_before = await asyncio.to_thread(cpu_times_by_process)
     first_sample: list[float] = []
+    rng = random.Random(args.seed)
     for pcm in utterances:
         first_sample.append(time.monotonic())  # the first sample is pushed now
         for frame in agent_frames(pcm, args.agent_frames):  # as fast as the output takes them, as a TTS does
             await output.capture_frame(frame)
         output.flush()
         await asyncio.wait_for(output.wait_for_playout(), 60)
-        await asyncio.sleep(args.pause_s)
+        await asyncio.sleep(pause_s(args, rng))
     t_end = time.monotonic()
     cpu_use = cpu_share(cpu_before, await asyncio.to_thread(cpu_times_by_process), t_end - t_run, os.getpid())
     info = await asyncio.to_thread(get, f"/v1/sessions/{sid}")
@@ -504,11 +507,17 @@ async def run_ray(server: LiveKitServer, args: argparse.Namespace, base: str, sc
         "jitter_min_slack_ms": None if args.min_slack_ms < 0 else args.min_slack_ms,
         "run_ahead_chunks": args.run_ahead, "onset_slack_ms": None if args.onset_slack_ms < 0 else args.onset_slack_ms,
         "audio_lead_ms": args.audio_lead_ms, "onset_first_frame": args.onset_first_frame,
-        "preempt_idle": args.preempt_idle == "on",
+        "preempt_idle": args.preempt_idle == "on", "pause_s": args.pause_s, "pause_jitter_s": args.pause_jitter_s,
         # idle chunks the DiT gave up for the onset after them (`ServiceConfig.preempt_idle`; none went out)
         "given_up_chunks": sorted(k for k, ch in chunks.items() if ch.get("given_up") == "1"),
         "agent_frames": args.agent_frames,
     }
+
+
+def pause_s(args: argparse.Namespace, rng: random.Random) -> float:
+    """The pause after a playout ends: `--pause-s` plus up to `--pause-jitter-s` (a playout ends on a chunk boundary;
+    a real agent's next turn does not wait for one)."""
+    return float(args.pause_s + rng.uniform(0.0, args.pause_jitter_s))
 
 
 def cpu_times_by_process() -> dict[int, tuple[str, float]]:
@@ -634,6 +643,10 @@ def main() -> None:
     ap.add_argument("--utterances", type=int, default=10)
     ap.add_argument("--utterance-s", type=float, default=1.5)
     ap.add_argument("--pause-s", type=float, default=0.5)
+    ap.add_argument("--pause-jitter-s", type=float, default=1 / 6,
+                    help="a uniform random share of this added to each pause (seeded: --seed): the agent's turns "
+                         "come at any point of a chunk, not where the last playout ended (a chunk boundary); 0: off")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_cpu.json")
     args = ap.parse_args()
     if args.generator == "ray":

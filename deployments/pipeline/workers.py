@@ -212,7 +212,6 @@ class DiTWorker:
         self.signals: dist.ProcessGroup | None = None  # (ranks > 1) gloo, on the host: the ranks agree to give up
         self.runner: DiTRunner | None = None
         self.session_id: str | None = None
-        self.given_up = 0  # chunks of this session given up (`preempt`): chunk k is made as runner chunk k - given_up
         self._preempt: tuple[str, int] | None = None  # the (session, chunk) to give up, set by `preempt`
         m = cfg.model
         self.latent_shape = (1, m.dit.latent_channels, m.generation.latent_frames_per_chunk, *m.latent_hw)
@@ -274,7 +273,7 @@ class DiTWorker:
         if runner.recorder is not None:
             runner.recorder.reset()
             runner.recorder.anchor()  # re-tie GPU and host clocks at every session start (outside the loop)
-        self.session_id, self.given_up, self._preempt = session_id, 0, None
+        self.session_id, self._preempt = session_id, None
 
     @ray.method(concurrency_group="signal")
     def preempt(self, session_id: str, chunk: int) -> None:
@@ -289,9 +288,9 @@ class DiTWorker:
         """Chunk k's audio -> rank 0: its latents (1, C, Cf, h, w) for the decoder; other ranks: an Ack. A
         preemptible chunk given up (`preempt`) -> latents marked `given_up`."""
         runner = self._runner()
-        if inp.session_id != self.session_id or inp.chunk != runner.chunk + self.given_up:
+        if inp.session_id != self.session_id or inp.chunk != runner.chunk + runner.given_up:
             raise SessionMismatch(
-                f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk + self.given_up}, "
+                f"DiT rank {self.rank} serves session {self.session_id!r} at chunk {runner.chunk + runner.given_up}, "
                 f"got session {inp.session_id!r} chunk {inp.chunk}; start the session on this worker first"
             )
         urgent = self.urgent_nice
@@ -305,8 +304,6 @@ class DiTWorker:
         finally:
             if calm and urgent is not None:  # and waits for the next chunk at the chunk path's priority
                 prioritize_thread(urgent)
-        if latents is None:
-            self.given_up += 1
         if self.rank != 0:
             return Ack(self.rank, inp.chunk)
         if latents is None:  # the decoder skips it; the tensor fills the graph's channel (its shape is static)
@@ -332,7 +329,7 @@ class DiTWorker:
         """Wipe every trace of the last session (KV cache, audio history, chunk index)."""
         if self.runner is not None:
             self.runner.reset()
-        self.session_id, self.given_up, self._preempt = None, 0, None
+        self.session_id, self._preempt = None, None
 
     def ping(self) -> int:
         return self.rank

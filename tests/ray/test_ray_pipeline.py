@@ -7,12 +7,14 @@ One cluster for the module: 8 logical CPUs and 3 logical GPUs (enough for one 2-
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
+import torch
 from deploy_helpers import (
     all_events,
     chunk_digests,
@@ -26,9 +28,13 @@ from deploy_helpers import (
     wait_status,
 )
 
-from characters.config import TopologyConfig
+from characters.audio import chunk_sample_range
+from characters.config import TopologyConfig, session_config
 from characters.media import read_mp4
+from deployments.pipeline.handoff import REFERENCE, pack
+from deployments.pipeline.workers import ChunkInput
 from deployments.sessions.cluster import init_local, stop_local
+from deployments.sessions.slot import DIT_ACTOR
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionStatus
 
@@ -96,3 +102,31 @@ def test_actor_call_fallback_makes_the_frames_of_the_single_process_engine() -> 
         got = wait_chunks(sched, "calls", 6)
         assert info(sched, "calls").status is SessionStatus.RUNNING
     assert [got[k] for k in range(6)] == reference_digests(service, session, 6)
+
+
+def test_a_slots_dit_actor_takes_preempt_while_it_makes_a_chunk() -> None:
+    """The slot's DiT actor (`deployments.sessions.slot.DIT_ACTOR`, as `build_slot` makes it) runs `preempt` beside
+    the step it stops (its own concurrency group): an idle chunk asked for while it is being made is given up
+    (queued behind the step, the call would come too late); the onset then goes on in its place."""
+    cfg = session_config("tiny", "cpu", model={"dit": {"num_layers": 24}})  # a step of 24 parts (~10 ms each)
+    dit = DIT_ACTOR.options(num_cpus=1).remote(cfg, cpu_threads=1)
+    ray.get(dit.init_device.remote())
+    ray.get(dit.init_process_group.remote(0))
+    ray.get(dit.load_weights.remote())
+    ray.get(dit.warm_up.remote())
+    ref = pack("s", REFERENCE, torch.zeros(1, cfg.model.dit.latent_channels, *cfg.model.latent_hw))
+    ray.get(dit.start.remote("s", ref, 11))
+    silence = [np.zeros(np.subtract(*chunk_sample_range(k, 4)[::-1]), np.float32) for k in range(2)]
+    t0 = time.monotonic()
+    made = ray.get(dit.step.remote(ChunkInput("s", 0, silence[0], preemptible=True)))
+    step_s = time.monotonic() - t0
+    assert not made.header.given_up
+    ref1 = dit.step.remote(ChunkInput("s", 1, silence[1], preemptible=True))
+    time.sleep(step_s / 4)  # into the step
+    ray.get(dit.preempt.remote("s", 1))
+    given_up = ray.get(ref1)
+    assert given_up.header.given_up, f"chunk 1 was made ({step_s * 1e3:.0f} ms a step): preempt came after it"
+    speech = 0.1 * np.ones(np.subtract(*chunk_sample_range(2, 4)[::-1]), np.float32)
+    onset = ray.get(dit.step.remote(ChunkInput("s", 2, speech, onset=True)))
+    assert not onset.header.given_up and onset.header.chunk == 2 and onset.tensor.abs().sum() > 0
+    ray.kill(dit)

@@ -396,7 +396,7 @@ def _preempt_session(dit: DiTWorker, sid: str, ref: Latents, *, give_up: bool) -
         out.append(dit.step(ChunkInput(sid, 2, silence[2], preemptible=True)))
     else:  # chunk 2 never made: its audio only, then chunk 3 in its slot
         dit._runner().frontend.push(silence[2])
-        dit.given_up = 1
+        dit._runner().given_up = 1
     out += [dit.step(ChunkInput(sid, k, pcm(k), onset=k == 3)) for k in (3, 4)]
     return out
 
@@ -419,7 +419,7 @@ def test_an_onset_takes_the_place_of_the_idle_chunk_the_dit_gives_up(cfg: Sessio
     image = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
     ref = dec.encode_reference("a", image)
     given = _preempt_session(dit, "a", ref, give_up=True)
-    assert isinstance(given[2], Latents) and given[2].header.given_up and dit.given_up == 1
+    assert isinstance(given[2], Latents) and given[2].header.given_up and dit._runner().given_up == 1
     assert not any(isinstance(m, Latents) and m.header.given_up for m in given[:2] + given[3:])
     never = _preempt_session(dit, "b", pack("b", REFERENCE, ref.tensor), give_up=False)
     for a, b in zip(given[3:], never[2:], strict=True):
@@ -451,7 +451,7 @@ def test_an_onset_takes_the_place_of_the_idle_chunk_the_dit_gives_up(cfg: Sessio
     dit.preempt("c", 0)
     made_too = dit.step(ChunkInput("c", 1, np.zeros_like(pcm(1)), preemptible=True))
     assert isinstance(made, Latents) and not made.header.given_up
-    assert isinstance(made_too, Latents) and not made_too.header.given_up and dit.given_up == 0
+    assert isinstance(made_too, Latents) and not made_too.header.given_up and dit._runner().given_up == 0
 
 
 def _preempt_rank(rank: int, port: int, asked: int, out: str) -> None:
@@ -472,7 +472,7 @@ def _preempt_rank(rank: int, port: int, asked: int, out: str) -> None:
         got.append(msg.header.given_up if isinstance(msg, Latents) else msg)
         if isinstance(msg, Latents) and not msg.header.given_up:
             got[-1] = msg.tensor
-    torch.save((got, dit.given_up), f"{out}.{rank}")
+    torch.save((got, dit._runner().given_up), f"{out}.{rank}")
     dit.runner = None
     leave()
 

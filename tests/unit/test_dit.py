@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from characters.audio import chunk_sample_range
 from characters.config import TOPOLOGIES, SessionConfig, session_config
 from characters.dit import CausalDiT, block_causal_mask
 from characters.engine import DiTRunner, ForwardRecord
+from characters.telemetry import StageRecorder
 from characters.weights import init_weights, load_weights, save_dit_shards, save_weights, shard_path
 
 CHUNKS = 7  # ring of 4 slots: chunks 4..6 evict chunks 0..2
@@ -129,3 +131,33 @@ def test_weights_for_another_shape_are_refused(tmp_path) -> None:
     bigger = session_config("tiny", "cpu", model={"dit": {"num_layers": 3}})
     with pytest.raises(ValueError, match="do not fit the model"):
         load_weights(CausalDiT(bigger.model), tmp_path / "dit.safetensors")
+
+
+def test_a_step_given_up_between_parts_leaves_the_runner_as_if_it_never_began() -> None:
+    """`DiTRunner.step`'s `stop`: asked between the step's parts (4 blocks, 4 parts: 3 asks), True gives the chunk
+    up (None) after writing part of its cache slot; the next step makes that slot again from the same noise, with
+    the next chunk's audio: exactly what a runner that only took that audio in (never began the chunk) makes. The
+    stage times carry the stream's chunk index, the given-up chunk's counted."""
+    cfg = session_config("tiny", "cpu")
+    assert cfg.topology.step_groups >= cfg.model.dit.num_layers == 4
+    ref = torch.zeros(1, cfg.model.dit.latent_channels, *cfg.model.latent_hw)
+    rng = np.random.default_rng(0)
+    pcm = [rng.uniform(-0.3, 0.3, np.subtract(*chunk_sample_range(k, 4)[::-1])).astype(np.float32)
+           for k in range(4)]
+    given, never = DiTRunner(cfg), DiTRunner(cfg)
+    for r in (given, never):
+        r.start(ref)
+        r.step(pcm[0])
+    given.recorder = StageRecorder("cpu")
+    asks: list[int] = []
+    assert given.step(pcm[1], stop=lambda: asks.append(1) or len(asks) == 2) is None
+    assert (given.chunk, given.given_up) == (1, 1)
+    never.frontend.push(pcm[1])
+    for k in (2, 3):
+        a, b = given.step(pcm[k]), never.step(pcm[k])
+        assert torch.equal(a, b)
+    assert [t.chunk for t in given.recorder.harvest() if t.stage == "dit"] == [1, 2, 3]
+    asks.clear()
+    n = given.frontend.expected_samples
+    given.step(np.zeros(n, np.float32), stop=lambda: asks.append(1) or False)
+    assert len(asks) == len(given.dit.blocks) - 1  # never stopped: asked between every two parts
