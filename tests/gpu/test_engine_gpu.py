@@ -54,6 +54,32 @@ def test_graph_replay_equals_eager_with_extra_cache_pass() -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_a_chunk_given_up_between_part_graphs_goes_on_as_eager() -> None:
+    """The step's parts as graphs (tiny: 4 blocks, a graph each), chunk 3 given up at the second ask (parts 0 and 1
+    ran, on the GPU as in eager), the chunks after it: as the eager runner with the same give-up makes them."""
+    def session(runner: DiTRunner, graphs: bool) -> list[torch.Tensor | None]:
+        if graphs:
+            runner.capture_graphs()
+            assert [len(g) for g in runner.graphs.values()] == [4] * len(runner.graphs)
+        h, w = runner.cfg.model.latent_hw
+        ref = torch.randn(1, runner.cfg.model.dit.latent_channels, h, w, generator=torch.Generator().manual_seed(1))
+        runner.start(ref.cuda())
+        rng, outs = np.random.default_rng(0), []
+        for k in range(CHUNKS):
+            asks: list[int] = []
+            pcm = rng.uniform(-0.5, 0.5, runner.frontend.expected_samples).astype(np.float32)
+            outs.append(runner.step(pcm, stop=lambda: asks.append(1) or (k == 3 and len(asks) == 2)))  # noqa: B023
+        return outs
+
+    first = _runner("float32")
+    eager = session(first, graphs=False)
+    graphed = session(_runner("float32", first.attention_backend), graphs=True)
+    assert eager[3] is None and graphed[3] is None
+    for a, b in zip(eager, graphed, strict=True):
+        if a is not None and b is not None:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_steps_never_synchronise() -> None:
     runner = _runner("bfloat16")
     runner.capture_graphs()

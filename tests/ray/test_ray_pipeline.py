@@ -31,8 +31,10 @@ from deploy_helpers import (
 from characters.audio import chunk_sample_range
 from characters.config import TopologyConfig, session_config
 from characters.media import read_mp4
+from deployments.pipeline.graph import ActorCallPipeline, CompiledPipeline, Workers
 from deployments.pipeline.handoff import REFERENCE, pack
-from deployments.pipeline.workers import ChunkInput
+from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.workers import ChunkInput, DecoderWorker
 from deployments.sessions.cluster import init_local, stop_local
 from deployments.sessions.slot import DIT_ACTOR
 from deployments.settings import ServiceConfig
@@ -130,3 +132,51 @@ def test_a_slots_dit_actor_takes_preempt_while_it_makes_a_chunk() -> None:
     onset = ray.get(dit.step.remote(ChunkInput("s", 2, speech, onset=True)))
     assert not onset.header.given_up and onset.header.chunk == 2 and onset.tensor.abs().sum() > 0
     ray.kill(dit)
+
+
+@pytest.mark.parametrize("graph", ["compiled", "actor_calls"])
+def test_a_chunk_given_up_flows_through_the_pipeline(graph: str) -> None:
+    """Real actors (the slot's DiT actor class), the chunk path as a session drives it (`CompiledPipeline` /
+    `ActorCallPipeline`): idle chunk 1 asked for while the DiT makes it comes out as a report of a chunk given up
+    (nothing published, a chunk cut), and the onset after it and the chunks after that come out whole."""
+    small = {"dit": {"num_layers": 24}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}
+    cfg = session_config("tiny", "cpu", model=small)
+    dit = DIT_ACTOR.options(num_cpus=1).remote(cfg, cpu_threads=1)
+    dec = ray.remote(DecoderWorker).options(num_cpus=1).remote(cfg, cpu_threads=1)
+    room = ray.remote(RoomWorker).options(num_cpus=1).remote(cfg)
+    ray.get([w.init_device.remote() for w in (dit, dec)])
+    ray.get([dit.init_process_group.remote(0), dec.init_process_group.remote()])
+    ray.get([w.load_weights.remote() for w in (dit, dec)])
+    ray.get([w.warm_up.remote() for w in (dit, dec)])
+    image = np.random.default_rng(4).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    ray.get(dit.start.remote("s", dec.encode_reference.remote("s", image), 11))
+    ray.get([dec.start.remote("s"), room.open.remote("s", OutputSpec())])
+    workers = Workers([dit], dec, room, "shm")
+    pipe = (CompiledPipeline(workers, depth=2, buffer_bytes=1 << 20, teardown_timeout_s=10) if graph == "compiled"
+            else ActorCallPipeline(workers))
+    try:
+        def chunk(k: int, speech: bool = False) -> ChunkInput:
+            n = np.subtract(*chunk_sample_range(k, 4)[::-1])
+            return ChunkInput("s", k, np.full(n, 0.1 if speech else 0.0, np.float32), onset=speech and k == 2,
+                              preemptible=not speech)
+
+        pipe.submit(chunk(0))
+        assert pipe.fetch(60).frames == 4
+        pipe.submit(chunk(1))
+        time.sleep(0.01)
+        pipe.preempt("s", 1)  # as the loop does before it submits the onset
+        pipe.submit(chunk(2, speech=True))
+        reports = [pipe.fetch(60)]
+        for k in (3, 4):
+            pipe.submit(chunk(k, speech=True))
+            reports.append(pipe.fetch(60))
+        reports.append(pipe.fetch(60))
+        assert [(r.chunk, r.given_up, r.frames) for r in reports] == [
+            (1, True, 0), (2, False, 4), (3, False, 4), (4, False, 4)]
+        assert reports[0].cut_s == pytest.approx(4 / 24)
+        assert len({r.digest for r in reports[1:]}) == 3
+    finally:
+        if isinstance(pipe, CompiledPipeline):
+            pipe.teardown()
+        for w in (dit, dec, room):
+            ray.kill(w)
