@@ -37,9 +37,9 @@ def join(backend: Backend, port: int, rank: int, size: int, *, timeout_s: float 
     """Join the default group of `size` ranks whose rendezvous is rank 0's TCP `port` on 127.0.0.1.
 
     `timeout_s` bounds the rendezvous and each collective (None: torch's default for the backend). gloo binds
-    `gloo_ifname` (loopback by default); NCCL binds the group to `device` when given (eager init)."""
-    if backend == "gloo":
-        os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
+    `gloo_ifname` (loopback by default; also a gloo group made beside an NCCL one later, as a DiT rank's host-side
+    `signals`); NCCL binds the group to `device` when given (eager init)."""
+    os.environ["GLOO_SOCKET_IFNAME"] = gloo_ifname
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=None if timeout_s is None else timedelta(seconds=timeout_s), device_id=device)
     group = dist.group.WORLD

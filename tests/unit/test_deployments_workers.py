@@ -37,8 +37,8 @@ def cfg() -> SessionConfig:
     return session_config("tiny", "cpu", model=SMALL)
 
 
-@pytest.fixture(scope="module")
-def workers(cfg: SessionConfig) -> tuple[DiTWorker, DecoderWorker]:
+def ready(cfg: SessionConfig) -> tuple[DiTWorker, DecoderWorker]:
+    """A DiT worker (one rank) and a decoder worker through their stages, on the CPU."""
     dit, dec = DiTWorker(cfg), DecoderWorker(cfg)
     for w in (dit, dec):
         assert w.init_device() == "cpu"
@@ -48,6 +48,11 @@ def workers(cfg: SessionConfig) -> tuple[DiTWorker, DecoderWorker]:
         w.load_weights()
         w.warm_up()
     return dit, dec
+
+
+@pytest.fixture(scope="module")
+def workers(cfg: SessionConfig) -> tuple[DiTWorker, DecoderWorker]:
+    return ready(cfg)
 
 
 def pcm(k: int) -> np.ndarray:
@@ -407,14 +412,7 @@ def test_an_onset_takes_the_place_of_the_idle_chunk_the_dit_gives_up(cfg: Sessio
     its cache slot and from its noise: exactly the chunks a session that never began chunk 2 makes. A chunk that
     is not preemptible, or another chunk, is not given up."""
     small = session_config("tiny", "cpu", model=PREEMPTIBLE)
-    dit, dec = DiTWorker(small), DecoderWorker(small)
-    for w in (dit, dec):
-        w.init_device()
-    dit.init_process_group(0)
-    dec.init_process_group()
-    for w in (dit, dec):
-        w.load_weights()
-        w.warm_up()
+    dit, dec = ready(small)
     assert dit._runner().groups == 8 and len(dit._runner().dit.blocks) == 3
     image = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
     ref = dec.encode_reference("a", image)
