@@ -41,7 +41,8 @@ size was lent), so each row adds up parts measured apart, p50 each:
 `total_preempt_est_ms`: the estimate with the onset taking the place of the idle chunk in flight
 (`ServiceConfig.preempt_idle`, `topology.step_groups` parts a step): the wait for the DiT is `preempt_wait_ms`'s
 instead of the rest of the step. The parts' own cost (a graph per part, the host queueing each behind the one
-running) is not in it: `scripts/bench_preempt.py` measures it.
+running) is not in it: on an H200 it did not show (`scripts/bench_preempt.py`, benchmarks/h200/preempt_57b_tp3_*.json:
+133.6 ms in 16 parts against 133.7 in one), and the wait it measured there is the model's (13.3 ms p50 against 12.5).
 """
 
 from __future__ import annotations

@@ -413,7 +413,7 @@ def test_an_onset_takes_the_place_of_the_idle_chunk_the_dit_gives_up(cfg: Sessio
     is not preemptible, or another chunk, is not given up."""
     small = session_config("tiny", "cpu", model=PREEMPTIBLE)
     dit, dec = ready(small)
-    assert dit._runner().groups == 8 and len(dit._runner().dit.blocks) == 3
+    assert dit._runner().groups == 16 and len(dit._runner().dit.blocks) == 3
     image = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
     ref = dec.encode_reference("a", image)
     given = _preempt_session(dit, "a", ref, give_up=True)
