@@ -37,8 +37,8 @@ from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.media import SAMPLE_IMAGE, load_image
 from deployments.livekit import LiveKitOutput, LiveKitServer, install_server
+from deployments.pipeline.messages import ChunkInput, Frames
 from deployments.pipeline.room import RoomWorker
-from deployments.pipeline.workers import ChunkInput, Frames
 from deployments.settings import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,8 +48,9 @@ from characters.audio import chunk_sample_range
 from characters.config import SessionConfig, session_config
 from deployments import telemetry
 from deployments.pipeline.graph import run_chunk_loop
+from deployments.pipeline.messages import ChunkReport
 from deployments.pipeline.room import RoomWorker
-from deployments.pipeline.workers import ChunkInput, ChunkReport, DecoderWorker, DiTWorker
+from deployments.pipeline.workers import ChunkInput, DecoderWorker, DiTWorker
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import SessionTelemetry, Telemetry
 from deployments.types import OutputSpec, SessionStats

@@ -1,7 +1,8 @@
 """Chunks: the path of one chunk through a slot, DiT ranks -> decoder -> room, as a Ray Compiled Graph.
 
     graph      the compiled graph over a slot's workers, and the paced chunk loop that drives it
-    workers    DiTWorker (one per tensor-parallel rank) and DecoderWorker, and the chunk messages
+    workers    DiTWorker (one per tensor-parallel rank) and DecoderWorker
+    messages   what a chunk travels in: ChunkInput, the DiT's acks and latents, Frames, ChunkReport
     room       RoomWorker: paced playout of frames + audio into the session's output
     handoff    the latent handoff between DiT and decoder (the only module that sends or receives latents)
 

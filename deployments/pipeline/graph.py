@@ -60,7 +60,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayChannelTimeoutErro
 
 from deployments.pipeline import handoff
 from deployments.pipeline.handoff import ResolvedTransport
-from deployments.pipeline.workers import ChunkInput, ChunkReport
+from deployments.pipeline.messages import ChunkInput, ChunkReport
 
 
 class ChunkFailure(RuntimeError):

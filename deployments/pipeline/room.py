@@ -24,7 +24,8 @@ from characters.pacing import SegmentEvent, speech_prefix
 from characters.telemetry import StageTime
 from deployments import telemetry
 from deployments.livekit.config import LiveKitOutput
-from deployments.pipeline.workers import ChunkInput, ChunkReport, Frames, SessionMismatch, realtime
+from deployments.pipeline.messages import ChunkInput, ChunkReport, Frames, SessionMismatch
+from deployments.pipeline.workers import realtime
 from deployments.types import OutputSpec
 
 

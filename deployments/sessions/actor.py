@@ -27,7 +27,8 @@ from deployments.pipeline.graph import (
     classify,
     graph_mode,
 )
-from deployments.pipeline.workers import ChunkReport, first_frame_on, realtime
+from deployments.pipeline.messages import ChunkReport
+from deployments.pipeline.workers import first_frame_on, realtime
 from deployments.sessions.recovery import History, Resume, prime, prime_windows
 from deployments.sessions.runner import AudioBuffer, Outcome, Report, SessionRunner, keeps_real_time
 from deployments.settings import ServiceConfig

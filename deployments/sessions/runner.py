@@ -44,7 +44,7 @@ from deployments.pipeline.graph import (
     Pipeline,
     run_chunk_loop,
 )
-from deployments.pipeline.workers import ChunkReport
+from deployments.pipeline.messages import ChunkReport
 from deployments.sessions.recovery import History, Resume
 from deployments.telemetry.session import GpuHandoffs, handoff
 from deployments.types import SessionStats, SessionStatus

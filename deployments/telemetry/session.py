@@ -75,7 +75,7 @@ class ChunkSampler:
 
 @dataclass
 class _Pending:
-    report: Any  # deployments.pipeline.workers.ChunkReport
+    report: Any  # deployments.pipeline.messages.ChunkReport
     submitted_ns: int
     published_ns: int
     why: str

@@ -14,19 +14,9 @@ from characters.config import TOPOLOGIES, SessionConfig, session_config
 from characters.media import read_mp4
 from characters.process_group import free_port, leave
 from deployments.pipeline.handoff import REFERENCE, HandoffError, Latents, pack, unpack
+from deployments.pipeline.messages import Ack, ChunkInput, ChunkReport, Frames, SessionMismatch
 from deployments.pipeline.room import RoomWorker
-from deployments.pipeline.workers import (
-    STAGES,
-    Ack,
-    ChunkInput,
-    ChunkReport,
-    DecoderWorker,
-    DiTWorker,
-    Frames,
-    SessionMismatch,
-    StageTimer,
-    first_frame_on,
-)
+from deployments.pipeline.workers import STAGES, DecoderWorker, DiTWorker, StageTimer, first_frame_on
 from deployments.types import OutputSpec
 
 SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}

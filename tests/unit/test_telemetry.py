@@ -23,8 +23,9 @@ from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.telemetry import StageRecorder, StageTime
 from deployments import telemetry
+from deployments.pipeline.messages import ChunkInput, ChunkReport
 from deployments.pipeline.room import RoomWorker
-from deployments.pipeline.workers import ChunkInput, ChunkReport, DecoderWorker, DiTWorker, StageTimer
+from deployments.pipeline.workers import DecoderWorker, DiTWorker, StageTimer
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import ChunkSampler, SchedulerTelemetry, SessionTelemetry, Telemetry
 from deployments.telemetry import http as telemetry_http

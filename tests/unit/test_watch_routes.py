@@ -225,8 +225,8 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
 
     from characters.audio import chunk_sample_range
     from characters.config import session_config
+    from deployments.pipeline.messages import ChunkInput, Frames
     from deployments.pipeline.room import RoomWorker
-    from deployments.pipeline.workers import ChunkInput, Frames
     from deployments.types import OutputSpec
 
     cfg = session_config("tiny", "cpu", model={"generation": {"height": 64, "width": 96}})
