@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -354,13 +354,25 @@ def block_groups(blocks: int, groups: int) -> list[int]:
     return [blocks * (i + 1) // n for i in range(n)]
 
 
-def run_parts(parts: Parts) -> torch.Tensor:
-    """Run a paused forward (`CausalDiT.forward_parts`) through; its output."""
+@overload
+def run_parts(parts: Parts, stop: None = None) -> torch.Tensor: ...
+
+
+@overload
+def run_parts(parts: Parts, stop: Callable[[], bool]) -> torch.Tensor | None: ...
+
+
+def run_parts(parts: Parts, stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
+    """Run a paused forward (`CausalDiT.forward_parts`) through; its output. `stop`: asked between two parts, True
+    ends the run there (None)."""
     while True:
         try:
             next(parts)
         except StopIteration as done:
             return done.value
+        if stop is not None and stop():
+            parts.close()
+            return None
 
 
 class CausalDiT(nn.Module):

@@ -222,16 +222,7 @@ class DiTRunner:
         graphs = self.graphs.get(valid)
         if graphs is None or record is not None:
             parts = self._chunk_parts(torch.as_tensor(windows).to(self.device), offset, first_frame, valid, record)
-            if stop is None:
-                return run_parts(parts)
-            while True:
-                try:
-                    next(parts)
-                except StopIteration as done:
-                    return done.value
-                if stop():
-                    parts.close()
-                    return None
+            return run_parts(parts, stop)
         # staging ring: a pinned buffer is rewritten only once its last upload has run, which only
         # waits when the device is a whole ring of chunks behind (then the chunk is late anyway)
         host, uploaded = self._host_windows[k % len(self._host_windows)], self._uploaded[k % len(self._uploaded)]

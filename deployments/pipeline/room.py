@@ -252,8 +252,10 @@ class RoomWorker:
         held, first, self._held, self._first = self._held, self._first, None, None
         sink = self.sink
         assert sink is not None
-        if frames.given_up or (held is not None and held.chunk == inp.chunk and held.given_up):
-            return self._given_up(inp, frames if frames.given_up else held)
+        if frames.given_up:
+            return self._given_up(inp, frames)
+        if held is not None and held.chunk == inp.chunk and held.given_up:  # (`publish_first` held it)
+            return self._given_up(inp, held)
         if first is not None and first.frames.chunk == inp.chunk:  # an onset's rest: its head is playing
             # (no submit time: the head's arrival said how long the chunk took)
             sink.write(frames.frames, inp.pcm[first.samples:], speech_samples=first.speech_after, onset=False,
@@ -294,7 +296,7 @@ class RoomWorker:
                            digest, now, stages, buffer_s, av_offset_s, presented, tuple(playback), cut_s, dry,
                            head)
 
-    def _given_up(self, inp: ChunkInput, frames: Frames | None) -> ChunkReport:
+    def _given_up(self, inp: ChunkInput, frames: Frames) -> ChunkReport:
         """An idle chunk the DiT gave up for the onset after it (`DiTWorker.preempt`): nothing goes out, and the
         stream is a chunk shorter than the chunk loop's clock says (cut_s: the loop moves its boundaries as for
         the idle content an onset cuts). The onset then plays as soon as it arrives, as every onset does."""
@@ -303,7 +305,7 @@ class RoomWorker:
         while self._playback:
             playback.append(self._playback.popleft())
         return ChunkReport(inp.session_id, inp.chunk, 0, False, 0.0, self.meter.delivered_fps, "", now,
-                           frames.stages if frames is not None else (), self.meter.queued_s(now),
+                           frames.stages, self.meter.queued_s(now),
                            playback=tuple(playback), cut_s=self.chunk_s, given_up=True)
 
     def _check(self, inp: ChunkInput, frames: Frames) -> None:
