@@ -17,7 +17,9 @@ size was lent), so each row adds up parts measured apart, p50 each:
   chunk of the time, so for speech arriving at a random time the wait is 0 with probability 1 - rho, else
   uniform over (0, dit): its median is dit * (rho - 1/2) / rho (0 when rho <= 1/2);
 - the DiT rank step (one rank's compute; the collectives of 3 and 4 ranks were never measured: a floor),
-  the NCCL latent handoff (`benchmarks/h200*/`);
+  the NCCL latent handoff (`benchmarks/h200*/`); the rows marked H100 take their rank's step from an H100
+  (`scripts/bench_preempt.py`, `benchmarks/h100/`: the design's topologies are H100s), and its decoder where one was
+  measured there, the H200's otherwise; their handoff and collectives are the H200s' (the same NVLink 4 and NVSwitch);
 - an estimate of the rank's collectives (`collectives_est_ms`; the `*_est` totals add it, the wait for the DiT
   recomputed with it): the calls `characters.flops.chunk_collectives` lists for the row's layout, each timed as
   t = alpha + bytes * (n-1)/n / B (all-reduce: 2 (n-1)/n), alpha and B fitted per op to the 2-rank NCCL runs at two
@@ -42,7 +44,8 @@ size was lent), so each row adds up parts measured apart, p50 each:
 (`ServiceConfig.preempt_idle`, `topology.step_groups` parts a step): the wait for the DiT is `preempt_wait_ms`'s
 instead of the rest of the step. The parts' own cost (a graph per part, the host queueing each behind the one
 running) is not in it: on an H200 it did not show (`scripts/bench_preempt.py`, benchmarks/h200/preempt_57b_tp3_*.json:
-133.6 ms in 16 parts against 133.7 in one), and the wait it measured there is the model's (13.3 ms p50 against 12.5).
+133.6 ms in 16 parts against 133.7 in one; on an H100, benchmarks/h100/, 138.7 against 139.0), and the wait it
+measured there is the model's (13.3 ms p50 against 12.5; the H100's 12.9).
 """
 
 from __future__ import annotations
@@ -130,6 +133,11 @@ def fp8_row(path: Path, variant: str) -> float:
     return float(next(r["ms_p50"] for r in load(path)["rows"] if r["variant"] == variant))
 
 
+def whole_step(path: Path) -> float:
+    """The rank's step in one part from a `scripts/bench_preempt.py` JSON (its 16 parts cost the same)."""
+    return float(next(r["step_ms"] for r in load(path)["rows"] if r["groups"] == 1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-run", type=Path, nargs="+", default=None,
@@ -147,8 +155,15 @@ def main() -> None:
     host_ins = [(r["split"]["agent_to_room_s"]["p50"] + r["split"]["boundary_s"]["p50"]) * 1e3 for r in cpu_runs]
     networks = [r["split"]["network_s"]["p50"] * 1e3 for r in cpu_runs]
     pipeline = load(b / "h200x2" / "pipeline_57b_L15_1p1.json")["variants"][0]["sessions"][0]["stage_ms"]
-    split = load(b / "h200" / "decoder_57b_first_frame.json")["first_frame"]
-    decode, rest = float(split["first_to_host_ms"]), float(split["rest_to_host_ms"])
+    decoders = {}  # per GPU: the onset's first frame to the host, the other three after it, the source
+    for gpu in ("h200", "h100"):
+        path = b / gpu / "decoder_57b_first_frame.json"
+        if path.is_file():
+            split = load(path)["first_frame"]
+            decoders[gpu] = (float(split["first_to_host_ms"]), float(split["rest_to_host_ms"]),
+                             f"benchmarks/{gpu}/decoder_57b_first_frame.json (first_to_host_ms: the onset's first "
+                             f"frame, {float(split['first_to_host_ms']):.1f} ms; the whole chunk to the host: "
+                             f"{float(split['whole_to_host_ms']):.1f} ms)")
     publish = load(args.publish)
     service = ServiceConfig()
     onset_slack = float(service.onset_slack_ms or 0.0)
@@ -157,14 +172,13 @@ def main() -> None:
             raise ValueError(f"{path}: ran with onset_slack_ms={run.get('onset_slack_ms')}, audio_lead_ms="
                              f"{run.get('audio_lead_ms')}; the budget takes ServiceConfig's ({onset_slack:g}, "
                              f"{service.audio_lead_ms:g}): give runs made with those (--cpu-run)")
-    sources = {
+    sources: dict[str, Any] = {
         "host_parts": {"runs": [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in runs],
                        "agent_to_room_and_window_ms": {"median": statistics.median(host_ins), "min": min(host_ins),
                                                        "max": max(host_ins)},
                        "shown_to_heard_ms": {"median": statistics.median(networks), "min": min(networks),
                                              "max": max(networks)}},
-        "decode": "benchmarks/h200/decoder_57b_first_frame.json (first_to_host_ms: the onset's first frame, "
-                  f"{decode:.1f} ms; the whole chunk to the host: {float(split['whole_to_host_ms']):.1f} ms)",
+        "decode": {gpu.upper(): source for gpu, (_, _, source) in decoders.items()},
         "handoff": "benchmarks/h200x2/pipeline_57b_L15_1p1.json (depth 2)",
         "publish": f"{args.publish.relative_to(ROOT) if args.publish.is_relative_to(ROOT) else args.publish} "
                    "(onset chunks)",
@@ -190,7 +204,7 @@ def main() -> None:
     local = ("; the token-local layers whole (topology.local_layers), the rank's compute measured beside the split "
              "rank's in the same run ({} ms there)")
     local_runs = {n: b / "h200" / f"step_57b_tp{n}_local.json" for n in (3, 4)}
-    topologies = [
+    topologies: list[tuple[str, float, SessionConfig, str]] = [
         ("4 + 1, bf16", tp4_bf16, rank_session(4, "sp", "bf16"),
          "benchmarks/h200/step_57b_h100x5_rank.json (write_time)"),
         ("4 + 1, FP8 linear", fp8_row(b / "h200" / "step_57b_tp4_fp8.json", "sp:fp8:bf16"), rank_session(4, "sp"),
@@ -213,9 +227,22 @@ def main() -> None:
          "local_attention: self-attention whole too, the K/V rows gathered, their copy into the cache timed, the "
          f"local-layers rank {fp8_row(path, 'spl:fp8:fp8-cudnn'):.1f} ms in the same run)")
         for n, path in kv_runs.items() if path.is_file()]
+    rows_gpu = ["h200"] * len(topologies)
+    h100 = {(n, layout): b / "h100" / f"preempt_57b_tp{n}_{layout}.json" for n in (4, 3) for layout in ("spl", "spa")}
+    for (n, layout), path in h100.items():  # the design's own cards (h100x5, h100x4): their ranks' steps
+        if path.is_file():
+            what = "local layers" if layout == "spl" else "local layers + attention"
+            topologies.append((f"{n} + 1, H100, FP8 + cuDNN, {what}", whole_step(path),
+                               rank_session(n, "sp_local" if layout == "spl" else "sp_kv"),
+                               f"benchmarks/h100/{path.name} (one part; 16 parts: "
+                               f"{next(r['step_ms'] for r in load(path)['rows'] if r['groups'] == 16):.1f} ms)"))
+            rows_gpu.append("h100")
     host_in, network = statistics.median(host_ins), statistics.median(networks)
     rows = []
-    for name, dit, session, source in topologies:
+    for (name, dit, session, source), gpu in zip(topologies, rows_gpu, strict=True):
+        decode, rest, _ = decoders.get(gpu, decoders["h200"])
+        if gpu not in decoders:
+            source += "; the decoder's time is the H200's (not measured on this GPU)"
         parts = {
             "agent_to_room_and_window_ms": host_in,
             "wait_for_dit_ms": dit_wait_ms(dit),
@@ -234,7 +261,8 @@ def main() -> None:
         total_est = total - parts["wait_for_dit_ms"] + dit_wait_ms(dit + comm) + comm
         preempt_wait = preempt_wait_ms(dit + comm, args.step_groups)
         total_preempt = total_est - dit_wait_ms(dit + comm) + preempt_wait
-        rows.append({"topology": name, "dit_source": source, **{k: round(v, 1) for k, v in parts.items()},
+        rows.append({"topology": name, "gpu": gpu.upper(), "dit_source": source,
+                     **{k: round(v, 1) for k, v in parts.items()},
                      "total_ms": round(total, 1), "target_ms": TARGET_MS, "met": total <= TARGET_MS,
                      "rest_ms": round(rest_needs, 1), "rest_due_ms": round(rest_has, 1),
                      "rest_fits": rest_needs <= rest_has,
