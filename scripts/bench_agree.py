@@ -33,6 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from characters.cpu import cpu_model
+
 YES_EVERY = 10  # one call in this many, one rank (in turn) was asked to give the chunk up
 
 
@@ -71,9 +73,15 @@ def measure(ranks: int, calls: int, part_ms: float, skew_ms: float) -> dict[str,
     procs = [ctx.Process(target=_rank, args=(r, ranks, port, calls, part_ms, skew_ms, out)) for r in range(ranks)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        results = [out.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    finally:  # a rank that hangs or dies leaves no process behind
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     if any(p.exitcode != 0 for p in procs):
         raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
     row: dict[str, Any] = {"ranks": ranks, "calls": calls, "part_ms": part_ms, "skew_ms": skew_ms,
@@ -97,10 +105,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = [measure(int(n), args.calls, args.part_ms, args.skew_ms) for n in args.ranks.split(",")]
-    result = {"command": " ".join(["python", *sys.argv]), "machine": platform.processor() or platform.machine(),
-              "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                           if ln.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None,
-              "cores": os.cpu_count(), "rows": rows}
+    result = {"command": " ".join(["python", *sys.argv]),
+              "machine": {"platform": platform.platform(), "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0))},
+              "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"{'ranks':>5} {'back to back p50 us':>20} {'p99':>8} {'max':>8} {'paced p50 us':>13} {'p99':>8} {'max':>8}"

@@ -133,9 +133,9 @@ def fp8_row(path: Path, variant: str) -> float:
     return float(next(r["ms_p50"] for r in load(path)["rows"] if r["variant"] == variant))
 
 
-def whole_step(path: Path) -> float:
-    """The rank's step in one part from a `scripts/bench_preempt.py` JSON (its 16 parts cost the same)."""
-    return float(next(r["step_ms"] for r in load(path)["rows"] if r["groups"] == 1))
+def parts_step(path: Path, groups: int = 1) -> float:
+    """The rank's step in `groups` parts from a `scripts/bench_preempt.py` JSON."""
+    return float(next(r["step_ms"] for r in load(path)["rows"] if r["groups"] == groups))
 
 
 def main() -> None:
@@ -232,10 +232,9 @@ def main() -> None:
     for (n, layout), path in h100.items():  # the design's own cards (h100x5, h100x4): their ranks' steps
         if path.is_file():
             what = "local layers" if layout == "spl" else "local layers + attention"
-            topologies.append((f"{n} + 1, H100, FP8 + cuDNN, {what}", whole_step(path),
+            topologies.append((f"{n} + 1, H100, FP8 + cuDNN, {what}", parts_step(path),
                                rank_session(n, "sp_local" if layout == "spl" else "sp_kv"),
-                               f"benchmarks/h100/{path.name} (one part; 16 parts: "
-                               f"{next(r['step_ms'] for r in load(path)['rows'] if r['groups'] == 16):.1f} ms)"))
+                               f"benchmarks/h100/{path.name} (one part; 16 parts: {parts_step(path, 16):.1f} ms)"))
             rows_gpu.append("h100")
     host_in, network = statistics.median(host_ins), statistics.median(networks)
     rows = []
