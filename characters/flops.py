@@ -11,7 +11,7 @@ then runs whole on every rank) for their whole weights in each rank's memory; so
 `topology.local_attention` (its K/V rows gathered, `chunk_collectives`).
 
 `chunk_collectives` lists the collectives one rank of a split session calls per chunk, with their
-sizes: what an estimate of their time starts from (`scripts/latency_budget.py`).
+sizes: what an estimate of their time starts from (`scripts/benchmarks/latency_budget.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from characters.tp import ParallelLinear, apply_tensor_parallel
 
 # Matmul rates measured on the lent H200 (FLOP/s): the median over the 15 step runs of benchmarks/h200/step_*_fp8.json
 # of each run's best-of-five 8192^3 medians (bf16 torch.mm; FP8 torch._scaled_mm with row-wise scales, fast
-# accumulation). The FP8 estimates of `characters presets` and scripts/simulate_fleet.py are floors at these rates.
+# accumulation). The FP8 estimates of `characters presets` and scripts/tools/simulate_fleet.py are
+# floors at these rates.
 H200_BF16_RATE = 755e12
 H200_FP8_RATE = 1380e12
 

@@ -102,7 +102,7 @@ _SPLIT: dict[str, tuple[str, int]] = {f"sdpa_{kernel}_split{n}": (kernel, n) for
                                       for n in (2, 4, 8)}  # fmt: skip
 _SPLIT_BACKENDS: tuple[AttentionBackend, ...] = tuple(b for b in ATTENTION_BACKENDS if b in _SPLIT)
 # How the split backends hand q to each kernel: "expand" (batch stride 0, no copy) or "repeat" (a copy).
-# Whether each kernel accepts a stride-0 batch is settled on the GPU by scripts/probe_attention_split.py.
+# Whether each kernel accepts a stride-0 batch is settled on the GPU by scripts/benchmarks/bench_attention_split.py.
 _Q_FOLD: dict[str, Literal["expand", "repeat"]] = {"cudnn": "expand", "flash": "expand"}
 _HALF = (torch.float16, torch.bfloat16)
 

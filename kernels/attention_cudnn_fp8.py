@@ -16,7 +16,7 @@ forward writes only FP8 (a bf16 output is Blackwell's), which suits it.
 `attention_cudnn_fp8` runs cuDNN's FP8 SDPA through the cudnn-frontend Python package (`nvidia-cudnn-frontend`,
 the optional `cudnn` extra; torch's SDPA does not expose it): P is scaled by 448 before its cast to e4m3. The
 keys are read up to S rounded up to a multiple of 64 with a padding mask hiding the rest (its engine is the
-faster one: 0.68 against 0.76 ms at 24 heads, `scripts/probe_attention_cudnn_fp8.py`), so the cache must hold
+faster one: 0.68 against 0.76 ms at 24 heads, `scripts/benchmarks/bench_attention_cudnn_fp8.py`), so the cache must hold
 that many slots. A cuDNN graph is built once per shape and stride set (at warm-up: building plans takes
 ~0.1 s) and executed on the current stream, so a CUDA-graph capture records it.
 

@@ -57,7 +57,7 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _TINY = 1e-12  # the smallest amax a scale is made from, as kernels.fp8
 MAX_AUDIO_TOKENS = 64  # the key tile (BLOCK_A) is at most this wide
 MAX_HEAD_DIM = 256
-BLOCK_T = 64  # tokens a program (scripts/probe_cross_attention_fp8.py, H200, the 57b rank's shapes)
+BLOCK_T = 64  # tokens a program (scripts/benchmarks/bench_cross_attention_fp8.py, H200, the 57b rank's shapes)
 NUM_WARPS = 4
 
 

@@ -205,7 +205,7 @@ def norm_silu_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, out: tor
                      num_warps: int = 4) -> torch.Tensor:
     """The fused kernel. Same contract as `norm_silu_ref`; no host sync (graph-capturable).
     `block_rows` (rows per program, a power of two; default `block_rows_for(c)`) and `num_warps` are
-    tuning knobs (scripts/bench_kernels.py --sweep)."""
+    tuning knobs (scripts/benchmarks/bench_kernels.py --sweep)."""
     check_triton_mode("norm_silu_triton")
     _check(x, weight, out, residual, sum_out, bias)
     if out is None:

@@ -196,7 +196,8 @@ def row_blocks(d: int) -> tuple[int, int]:
 
 def _warps(d: int) -> int:
     """Warps per row: up to ~96 float32 values a thread (4 warps to a width of 12288, 8 at 24576), from
-    `scripts/probe_row_quant.py` on an H200 (`benchmarks/h200/row_quant.json`): at 998 x 9216 the norms take 25-26 us
+    `scripts/benchmarks/bench_row_quant.py` on an H200 (`benchmarks/h200/row_quant.json`):
+    at 998 x 9216 the norms take 25-26 us
     with 4 warps against 29-30 with 16; the GELU over 998 x 24576 31 us with 8 or 16 against 57 with 4."""
     a, b = row_blocks(d)
     return min(16, max(4, next_power_of_2((a + b) // 3072)))

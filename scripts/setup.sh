@@ -22,15 +22,15 @@ PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q
 # The watch page (web/ -> deployments/api/watch_page/) and, for its browser test, Debian's Chromium; with --dev
 # also the npm projects and espeak-ng of the client tests.
 if [ "$extra" = "[agent]" ]; then
-    scripts/build_web.sh || echo "setup.sh: the watch page (/watch/) is not built; the API works without it" >&2
-    scripts/install_espeak.sh || echo "setup.sh: without espeak-ng the example's stand-in voice will not speak;" \
+    scripts/setup/build_web.sh || echo "setup.sh: the watch page (/watch/) is not built; the API works without it" >&2
+    scripts/setup/install_espeak.sh || echo "setup.sh: without espeak-ng the example's stand-in voice will not speak;" \
         "CHARACTER_AGENT=pipeline (your own TTS) works without it" >&2
 elif [ -n "$extra" ]; then
-    scripts/build_web.sh
-    scripts/install_chromium.sh
-    scripts/install_otelcol.sh >/dev/null  # the collector the telemetry test runs the shipped config on
-    scripts/build_examples.sh   # examples/web (the React call page) and tests/clients/node (the Runway Node SDK)
-    scripts/install_espeak.sh   # the voice agent example's stand-in TTS
+    scripts/setup/build_web.sh
+    scripts/setup/install_chromium.sh
+    scripts/setup/install_otelcol.sh >/dev/null  # the collector the telemetry test runs the shipped config on
+    scripts/setup/build_examples.sh   # examples/web (the React call page) and tests/clients/node (the Runway Node SDK)
+    scripts/setup/install_espeak.sh   # the voice agent example's stand-in TTS
 else
-    scripts/build_web.sh || echo "setup.sh: the watch page (/watch/) is not built; the API works without it" >&2
+    scripts/setup/build_web.sh || echo "setup.sh: the watch page (/watch/) is not built; the API works without it" >&2
 fi

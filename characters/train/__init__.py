@@ -7,7 +7,8 @@
 - `lipsync`: the score (mouth signal vs audio envelope; identity drift) on plain frames + PCM.
 - `evaluate`: generate held-out clips with the engine's runners and score them.
 
-`scripts/train_tiny.py` trains and writes `characters/weights/tiny/`; `scripts/eval_lipsync.py` scores it.
+`scripts/tools/train_tiny.py` trains and writes `characters/weights/tiny/`;
+`scripts/benchmarks/eval_lipsync.py` scores it.
 Nothing here is imported by the serving path.
 """
 

@@ -27,7 +27,8 @@ from characters.train.speech import FPS, Utterance, motion_tracks, sample_uttera
 
 Split = Literal["train", "test"]
 FRAMES_PER_CHUNK = 4
-TRAIN_CLIPS, TEST_CLIPS = 240, 51  # the recipe's split sizes (scripts/train_tiny.py, scripts/eval_lipsync.py)
+# the recipe's split sizes (scripts/tools/train_tiny.py, scripts/benchmarks/eval_lipsync.py)
+TRAIN_CLIPS, TEST_CLIPS = 240, 51
 _SEEDS = {"train": 1_000, "test": 2_000_000}
 
 

@@ -17,7 +17,7 @@ target frames' mouth signals (`mouth_signal_torch`: the mean luminance drop insi
 identity's reference image, the quantity `characters.train.lipsync` correlates with the speech), in [-1, 1] units.
 
 `score_decoder` scores a decoder on held-out clips from their DiT latents, generated once: the DiT never sees the
-decoder's frames, so this is `scripts/eval_lipsync.py`'s lip-sync score with only the decoder run again.
+decoder's frames, so this is `scripts/benchmarks/eval_lipsync.py`'s lip-sync score with only the decoder run again.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def _clip_latents(task: tuple[Clip, int]) -> np.ndarray:
 
 def dit_latents(cfg: SessionConfig, clips: Sequence[Clip], seeds: Iterable[int], workers: int
                 ) -> list[torch.Tensor]:
-    """The DiT's latents (C, L, h, w) of each clip, generated on the CPU as `scripts/eval_lipsync.py` generates
+    """The DiT's latents (C, L, h, w) of each clip, generated on the CPU as
+    `scripts/benchmarks/eval_lipsync.py` generates
     them (clip i with noise seed seeds[i])."""
     tasks = list(zip(clips, seeds, strict=True))
     return [torch.from_numpy(z) for z in pool_map(_clip_latents, tasks, workers, _init_dit, (cfg.model_dump_json(),))]

@@ -15,7 +15,7 @@
 - `grpc_port=0` turns the gRPC proxy off. Serve's gRPC proxy listens on all interfaces (it has no
   host option), whatever `host` is.
 - `livekit_dev`: also start a development LiveKit server on loopback (`deployments.livekit.server`:
-  built once by scripts/install_livekit.sh, the public --dev keys) on `livekit_port` (default 7880, as
+  built once by scripts/setup/install_livekit.sh, the public --dev keys) on `livekit_port` (default 7880, as
   LiveKit's docs assume; ICE/TCP and UDP on the next two ports) and point the service at it through
   CHARACTERS_LIVEKIT_*; own cluster only. Its URL, key and secret are printed with the addresses and
   answered by `GET /v1/livekit`. It stops after Serve and Ray.

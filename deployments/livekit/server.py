@@ -1,6 +1,6 @@
 """A local LiveKit server for tests, benchmarks and development: config, start, readiness, stop.
 
-The binary comes from `scripts/install_livekit.sh` (built once from the Go module, cached). The config
+The binary comes from `scripts/setup/install_livekit.sh` (built once from the Go module, cached). The config
 keeps everything on loopback: HTTP/WebSocket, ICE/TCP and one UDP port chosen free at run time,
 `rtc.node_ip: 127.0.0.1`, a local STUN entry (the default names public STUN servers), `--bind
 127.0.0.1`, and the `--dev` keys (`devkey` / `secret`). One node, no Redis.
@@ -22,11 +22,11 @@ import yaml
 DEV_API_KEY = "devkey"
 DEV_API_SECRET = "secret"  # the server's --dev secret: public, for loopback development only
 REPO = Path(__file__).resolve().parents[2]
-INSTALL_SCRIPT = REPO / "scripts" / "install_livekit.sh"
+INSTALL_SCRIPT = REPO / "scripts" / "setup" / "install_livekit.sh"
 
 
 def install_server(timeout_s: float = 900.0) -> Path:
-    """Run `scripts/install_livekit.sh` (a no-op when the cached binary is current); the binary's path."""
+    """Run `scripts/setup/install_livekit.sh` (a no-op when the cached binary is current); the binary's path."""
     try:
         done = subprocess.run([str(INSTALL_SCRIPT)], check=True, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.CalledProcessError as e:

@@ -34,7 +34,7 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray starts every worker process at nice 15 (its `worker_niceness`), so the DiT, decoder and room workers of a
 # session yield the CPU to anything else on the host at nice 0 (the LiveKit server, a voice agent, a viewer): on
 # the embedded default's two cores, the agent's burst at each speech onset starved the chunk that carries it
-# (measured: scripts/bench_latency.py, README). The chunk path is real-time work: its workers start at nice 0.
+# (measured: scripts/benchmarks/bench_latency.py). The chunk path is real-time work: its workers start at nice 0.
 # A value set in the environment wins.
 WORKER_ENV = {"RAY_worker_niceness": "0"}
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-// Builds the page into dist/, which server.mjs serves. `npm run build` (scripts/build_examples.sh runs it).
+// Builds the page into dist/, which server.mjs serves. `npm run build` (scripts/setup/build_examples.sh runs it).
 import { defineConfig } from "vite";
 
 export default defineConfig({

@@ -45,7 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`characters serve --livekit-dev` (HTTP on a free port, LiveKit on its default 7880), refusing a second
     session at once (queue_max 0)."""
     if not CHROMIUM.is_file():
-        pytest.fail(f"Chromium is not at {CHROMIUM}; run scripts/install_chromium.sh (or scripts/setup.sh --dev)")
+        pytest.fail(f"Chromium is not at {CHROMIUM}; run scripts/setup/install_chromium.sh (or scripts/setup.sh --dev)")
     if not PAGE.is_file():
         pytest.fail(f"the watch page is not built ({PAGE} is missing); run `npm ci && npm run build` in web/ "
                     "(scripts/setup.sh does)")

@@ -1,4 +1,4 @@
-"""A real LiveKit server for the `livekit` tests: built once by scripts/install_livekit.sh (cached under
+"""A real LiveKit server for the `livekit` tests: built once by scripts/setup/install_livekit.sh (cached under
 .cache/bin), started on free loopback ports for the test session, stopped (killed if need be) after it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/watch_room.py, the plain viewer the README's voice-agent check uses, against a real LiveKit server: a
+"""scripts/tools/watch_room.py, the plain viewer the README's voice-agent check uses, against a real LiveKit server: a
 publisher sends 24 fps video with a pause and a black frame, and a tone; the watcher's counts match what was sent."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ W, H, FPS, SR = 96, 64, 24, 16000
 
 
 def load_watch_room():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("watch_room", REPO / "scripts" / "watch_room.py")
+    spec = importlib.util.spec_from_file_location("watch_room", REPO / "scripts" / "tools" / "watch_room.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""`scripts/bench_pipeline.py` end to end on logical GPUs: two sessions side by side, each on its own slot.
+"""`scripts/benchmarks/bench_pipeline.py` end to end on logical GPUs: two sessions side by side, each on its own slot.
 
 The benchmark the GPU machine runs for the multi-GPU topologies (4+1, 3+1, two sessions on 8 GPUs),
 here with the cut-down tiny preset on CPU workers holding logical GPUs: it must build one placement
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "benchmarks"))
 
 import bench_pipeline
 

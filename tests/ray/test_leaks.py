@@ -1,5 +1,5 @@
 """Leaks: many short sessions back to back on a real local cluster leave actors, placement groups,
-threads, file descriptors and process memory where they started (`scripts/soak.py` does the same
+threads, file descriptors and process memory where they started (`scripts/tools/soak.py` does the same
 for an hour and plots it).
 
 One cluster for the module: 2 logical GPUs, topology gpu1, the cut-down tiny preset (`SMALL`), the

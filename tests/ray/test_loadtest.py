@@ -1,7 +1,7 @@
 """The load test's admission checks on a real local Ray + Serve (the real ingress and scheduler, tiny preset
 cut to one DiT layer, capacity 1, queue 1), then a short schemathesis run against the same deployment.
 
-`scripts/loadtest.py` fires 60 concurrent creates: exactly one is admitted, one waits in the queue, the 58
+`scripts/tools/loadtest.py` fires 60 concurrent creates: exactly one is admitted, one waits in the queue, the 58
 others are 503 with Retry-After and `no_capacity`; deletes of the queued one and of unknown ids answer
 200 / 404; after the admitted session is deleted the capacity is whole again. The fuzz run then sends
 schema-generated requests (valid and invalid) to every operation over real HTTP: no 5xx but 503, each
@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("loadtest", ROOT / "scripts" / "loadtest.py")
+_spec = importlib.util.spec_from_file_location("loadtest", ROOT / "scripts" / "tools" / "loadtest.py")
 assert _spec is not None and _spec.loader is not None
 loadtest = importlib.util.module_from_spec(_spec)
 sys.modules["loadtest"] = loadtest

@@ -1,7 +1,7 @@
 """The path an SRE runs: `characters serve` as a subprocess with nothing but the standard OTEL_* variables, its
 spans through the real OpenTelemetry Collector running the config `k8s/` ships, to a backend.
 
-The collector is `scripts/install_otelcol.sh`'s build of exactly the components of
+The collector is `scripts/setup/install_otelcol.sh`'s build of exactly the components of
 k8s/base/otel-collector-config.yaml (at the release of the image the manifests pin); the config is used as
 shipped, its listeners moved to free loopback ports with `--set`, and its `otlp/traces` exporter pointed (by the
 config's own TRACES_BACKEND_ENDPOINT) at an in-process OTLP receiver standing in for the tracing backend.
@@ -95,9 +95,9 @@ class Collector:
 
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Collector, OtlpReceiver]]:
-    built = subprocess.run([str(ROOT / "scripts" / "install_otelcol.sh")], capture_output=True, text=True,
+    built = subprocess.run([str(ROOT / "scripts" / "setup" / "install_otelcol.sh")], capture_output=True, text=True,
                            timeout=1800)
-    assert built.returncode == 0, f"scripts/install_otelcol.sh failed: {built.stderr[-3000:]}"
+    assert built.returncode == 0, f"scripts/setup/install_otelcol.sh failed: {built.stderr[-3000:]}"
     with OtlpReceiver() as backend:
         col = Collector(Path(built.stdout.strip().splitlines()[-1]), backend, tmp_path_factory.mktemp("otelcol"))
         try:

@@ -1,9 +1,9 @@
-"""scripts/bench_agree.py: real gloo ranks in their own processes, each calling `DiTWorker._agree` as a DiT rank
-does between parts; whichever rank is asked, every rank hears it (the times are the benchmark's, not asserted)."""
+"""scripts/benchmarks/bench_agree.py: real gloo ranks in their own processes, each calling `DiTWorker._agree` as a DiT
+rank does between parts; whichever rank is asked, every rank hears it (the times are the benchmark's, not asserted)."""
 
 from __future__ import annotations
 
-from scripts import bench_agree as bench
+from scripts.benchmarks import bench_agree as bench
 
 
 def test_three_ranks_agree_on_every_call() -> None:

@@ -1,11 +1,12 @@
-"""scripts/bench_dit_build.py: both builds it compares make the same FP8 share, and the bf16 share it reports as the
-whole-share build's floor is the larger. Pure CPU, no marker (the peaks are the benchmark's, not asserted here)."""
+"""scripts/benchmarks/bench_dit_build.py: both builds it compares make the same FP8 share, and the bf16 share it reports
+as the whole-share build's floor is the larger. Pure CPU, no marker (the peaks are the benchmark's, not asserted
+here)."""
 
 from __future__ import annotations
 
 import pytest
 
-from scripts import bench_dit_build as bench
+from scripts.benchmarks import bench_dit_build as bench
 
 
 @pytest.mark.parametrize(("ranks", "layout"), [(1, "rep"), (2, "spa")])

@@ -1,4 +1,4 @@
-"""scripts/bench_latency.py: when the viewer heard an utterance's sample 0 is found by matching what it
+"""scripts/benchmarks/bench_latency.py: when the viewer heard an utterance's sample 0 is found by matching what it
 received against the utterance, not by the first loud frame (an utterance that starts quietly would add the
 quiet part to the latency). Pure CPU, no marker."""
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_latency", REPO / "scripts" / "bench_latency.py")
+    spec = importlib.util.spec_from_file_location("bench_latency", REPO / "scripts" / "benchmarks" / "bench_latency.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_latency"] = module

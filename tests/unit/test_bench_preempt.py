@@ -1,5 +1,5 @@
-"""scripts/bench_preempt.py on the CPU (eager parts): a step of one part is never given up, a step of four is when
-the stop comes before its last part, and the runner makes the same chunk after either (the waits are the
+"""scripts/benchmarks/bench_preempt.py on the CPU (eager parts): a step of one part is never given up, a step of four is
+when the stop comes before its last part, and the runner makes the same chunk after either (the waits are the
 benchmark's, not asserted here)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from characters.config import TOPOLOGIES, session_config
 from characters.engine import DiTRunner
-from scripts import bench_preempt as bench
+from scripts.benchmarks import bench_preempt as bench
 
 
 def test_parts_are_given_up_and_one_part_is_not() -> None:

@@ -1,4 +1,4 @@
-"""scripts/simulate_fleet.py: tiny simulations conserve requests and never use more GPUs than exist, and the
+"""scripts/tools/simulate_fleet.py: tiny simulations conserve requests and never use more GPUs than exist, and the
 reduced ledger it hands the policy decides exactly as the full ledger (pure CPU, no marker)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("simulate_fleet", REPO / "scripts" / "simulate_fleet.py")
+    spec = importlib.util.spec_from_file_location("simulate_fleet", REPO / "scripts" / "tools" / "simulate_fleet.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["simulate_fleet"] = module  # dataclasses resolve their module by name

@@ -4,7 +4,7 @@ KubeRay CRD schemas, and check the invariants of STYLE.md item 20 (pure CPU, no 
 Each invariant is a function `*_problems(...) -> list[str]` (empty: holds). Every one is tested twice: it holds
 on every rendered overlay, and it reports a deliberately broken copy of a rendered manifest.
 
-Needs: Go on PATH (scripts/install_kustomize.sh builds kustomize once into .cache/bin). The CRD schemas are
+Needs: Go on PATH (scripts/setup/install_kustomize.sh builds kustomize once into .cache/bin). The CRD schemas are
 in the repository (`k8s/crds/kuberay/`, with their source). Either missing: the tests FAIL, never skip.
 """
 
@@ -63,7 +63,7 @@ def pinned_ray() -> str:
 
 @pytest.fixture(scope="session")
 def kustomize() -> Path:
-    script = REPO / "scripts" / "install_kustomize.sh"
+    script = REPO / "scripts" / "setup" / "install_kustomize.sh"
     proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         pytest.fail(f"{script} failed (exit {proc.returncode}); it needs Go >= 1.26 and the Go module proxy:\n"
@@ -805,7 +805,8 @@ def test_the_shipped_collector_config_validates_on_the_release_the_manifests_pin
     pinned = set(re.findall(r"(?:go\.opentelemetry\.io/collector|opentelemetry-collector-contrib)/\S+ v0\.(\d+)\.\d+",
                             gomod))
     assert pinned == {release.group(1).split(".")[1]}, (image, pinned)
-    built = subprocess.run([str(REPO / "scripts" / "install_otelcol.sh")], capture_output=True, text=True, timeout=1800)
+    built = subprocess.run([str(REPO / "scripts" / "setup" / "install_otelcol.sh")], capture_output=True, text=True,
+                           timeout=1800)
     assert built.returncode == 0, built.stderr[-3000:]
     binary = built.stdout.strip().splitlines()[-1]
     check = subprocess.run([binary, "validate", f"--config={K8S / 'base' / 'otel-collector-config.yaml'}"],

@@ -1,5 +1,5 @@
-"""The 57b latency budget's collectives estimate (`scripts/latency_budget.py`): the NCCL model fitted to the 2-rank
-runs, the calls it counts per layout, and the table the README quotes."""
+"""The 57b latency budget's collectives estimate (`scripts/benchmarks/latency_budget.py`): the NCCL model fitted to the
+2-rank runs, the calls it counts per layout, and the table the README quotes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.latency_budget import (
+from scripts.benchmarks.latency_budget import (
     COLLECTIVE_RUNS,
     collectives_ms,
     dit_wait_ms,
@@ -73,7 +73,8 @@ def test_the_budget_table_is_the_one_in_benchmarks(tmp_path: Path) -> None:
     """The script's table from the stored runs equals benchmarks/latency_budget_57b.json (the README's), and its
     estimated rows say what the README says of them."""
     out = tmp_path / "budget.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "latency_budget.py"), "--out", str(out)], check=True,
+    script = ROOT / "scripts" / "benchmarks" / "latency_budget.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out)], check=True,
                    cwd=ROOT, capture_output=True)
     got, stored = json.loads(out.read_text()), load(ROOT / "benchmarks" / "latency_budget_57b.json")
     assert got["rows"] == stored["rows"]

@@ -4,7 +4,7 @@ and two tensor-parallel ranks.
 
 The clips are 3 held-out clips (unseen identities and sentences) cut to 3 s, shipped in data/ so no
 espeak-ng is needed: `save_split([trim_clip(c, 72) for c in load_split(".cache/tiny_data/test.npz")[:3]], ...)`
-after `scripts/train_tiny.py` has built the data set.
+after `scripts/tools/train_tiny.py` has built the data set.
 """
 
 from __future__ import annotations

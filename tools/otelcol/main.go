@@ -1,6 +1,6 @@
 // Command characters-otelcol is an OpenTelemetry Collector with exactly the components that
 // k8s/base/otel-collector-config.yaml uses (the same ones as the image k8s/base/otel-collector.yaml runs,
-// otelcol-contrib 0.165): the tests run the shipped config on it. Built by scripts/install_otelcol.sh.
+// otelcol-contrib 0.165): the tests run the shipped config on it. Built by scripts/setup/install_otelcol.sh.
 package main
 
 import (

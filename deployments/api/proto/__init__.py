@@ -1,1 +1,1 @@
-"""The generated gRPC code of `characters.proto` (scripts/gen_proto.sh)."""
+"""The generated gRPC code of `characters.proto` (scripts/setup/gen_proto.sh)."""
