@@ -50,11 +50,10 @@ spinning costs a few of many cores and buys the NCCL handoff and the graph's per
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayChannelTimeoutError, RayError, RayTaskError
 
@@ -246,100 +245,10 @@ class ActorCallPipeline:
         return True
 
 
-# ------------------------------------------------------------------------------------------ the loop
+def __getattr__(name: str) -> object:
+    """`run_chunk_loop` and `LoopResult` moved to `deployments.pipeline.loop` (kept here for one release)."""
+    if name in ("run_chunk_loop", "LoopResult"):
+        from deployments.pipeline import loop
 
-
-@dataclass(frozen=True)
-class LoopResult:
-    reason: str  # why the loop stopped: the stop reason, "max_duration", or a ChunkFailure reason
-    failure: ChunkFailure | None
-    submitted: int
-
-
-def run_chunk_loop(
-    pipeline: Pipeline,
-    *,
-    session_id: str,
-    audio: Callable[[int], np.ndarray],
-    chunk_s: float,
-    depth: int,
-    max_duration_s: float,
-    fetch_timeout_s: float,
-    clock: Callable[[], float],
-    wait: Callable[[float], object],
-    stop_reason: Callable[[], str | None],
-    on_report: Callable[[ChunkReport, float], None],
-    first_chunk: int = 0,
-    ready: Callable[[int], int] | None = None,
-    lead_chunks: float = 0.0,
-    onsets: bool = True,
-    urgent_chunks: int = 3,
-    preempt: bool = False,
-) -> LoopResult:
-    """Submit chunk k at its boundary t0 + (k - first_chunk) * chunk_s (against `clock`), keep `depth` chunks in
-    flight, hand each report and its submit time to `on_report`. Stops on `stop_reason()`, at `max_duration_s`,
-    or at the first failure; chunks already in flight are still fetched on a stop. `first_chunk` > 0: the
-    workers were primed with chunks before it (a recovered session).
-
-    Early chunks (`ready`: how many whole chunk windows, from chunk k on, the queued audio fills; 0, 1 or 2):
-    a chunk whose window is full goes as soon as it is, up to `lead_chunks` chunk durations before its
-    boundary, instead of waiting for it (`wait` must return early when audio arrives). The first chunk with
-    speech after chunks without is an *onset* when the next window is full too (the agent sent its speech
-    faster than real time, so the chunk after it can follow at once): the room then plays it as soon as it
-    arrives, cutting idle content ahead of it, and its report says how much (`ChunkReport.cut_s`); the
-    boundaries move that much earlier, so the chunks after it keep the slack they had. So speech waits neither
-    for the next boundary nor behind the jitter buffer (`characters.pacing`, speech onsets). `onsets=False`: none
-    is marked. Chunks without speech, an onset and the `urgent_chunks` - 1 chunks after it are urgent
-    (`ChunkInput.urgent`): the DiT makes them at the chunk path's raised priority (an onset, through the agent's
-    burst, and the idle chunk it may queue behind); so is speech taken less than a chunk before its boundary (its
-    audio came at about real time, or the pipeline fell behind: no run-ahead to spare). The rest of the speech,
-    made a chunk or more ahead, at the DiT's own priority, so that an agent on the same cores answers an
-    interruption within a chunk.
-
-    `preempt`: chunks without speech are preemptible (`ChunkInput.preemptible`), and an onset asks the DiT to give
-    up the one still in flight (`Pipeline.preempt`), whose frames it would mostly cut: the onset is made in its
-    place instead of after it. Its report says so (`ChunkReport.given_up`, cut_s a whole chunk: the stream is a
-    chunk shorter, and the boundaries move as for a cut)."""
-    started = t0 = clock()
-    k = first_chunk
-    inflight: deque[float] = deque()  # submit times
-    reason: str | None = None
-    spoke = False  # the last chunk submitted held speech
-    urgent = 0  # chunks still to mark urgent
-    lead_s = lead_chunks * chunk_s
-    try:
-        while True:
-            due = t0 + (k - first_chunk) * chunk_s
-            full = 0
-            while (reason := stop_reason()) is None:
-                now = clock()
-                full = ready(k) if ready is not None else 0  # (before the wait: a push after it wakes the wait)
-                if now >= due or (full and now >= due - lead_s):
-                    break  # its boundary, or its window is full: no need to wait for the boundary
-                wait((due - lead_s if full else due) - now)
-            reason = reason or ("max_duration" if clock() - started >= max_duration_s else None)
-            if reason is not None:
-                break
-            pcm = audio(k)
-            speech = bool(pcm.any())  # speech is never exactly 0.0 (the room nudges zeros), padding always is
-            onset = onsets and speech and not spoke and full >= 2
-            spoke = speech
-            urgent = urgent_chunks if onset else max(0, urgent - 1)
-            if onset and preempt and inflight:  # chunk k - 1 (idle: before the onset) may still be in the making
-                pipeline.preempt(session_id, k - 1)
-            submitted = clock()  # before submit: the workers may start on it before submit returns
-            early = max(0.0, due - submitted)
-            pipeline.submit(ChunkInput(session_id, k, pcm, submitted, onset, early,
-                                       urgent > 0 or not speech or early < chunk_s, preempt and not speech))
-            inflight.append(submitted)
-            k += 1
-            if len(inflight) >= depth:
-                report = pipeline.fetch(fetch_timeout_s)
-                t0 -= report.cut_s  # the room cut idle content ahead of an onset: the boundaries follow
-                on_report(report, inflight.popleft())
-        while inflight:
-            report = pipeline.fetch(fetch_timeout_s)
-            on_report(report, inflight.popleft())
-    except ChunkFailure as failure:
-        return LoopResult(failure.reason, failure, k - first_chunk)
-    return LoopResult(reason, None, k - first_chunk)
+        return getattr(loop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from characters.chunk_policy import ChunkPathConfig
 from characters.config import SessionConfig
 from characters.cpu import freeze_heap
 from characters.media import Mp4Writer
@@ -155,21 +156,21 @@ class _First:
     publish: StageTime
 
 
+UNTRIMMED = ChunkPathConfig(min_slack_s=None)  # a RoomWorker built without the service's chunk path
+
+
 class RoomWorker:
     """The session's output: publishes chunk k's frames with chunk k's audio; measures the playout."""
 
     def __init__(self, cfg: SessionConfig, *, clock: Callable[[], float] = time.monotonic,
-                 buffer_chunks: float = 1.0, min_slack_ms: float | None = None,
-                 onset_slack_ms: float | None = 20.0, audio_lead_ms: float = 20.0, nice: int | None = None) -> None:
+                 chunk_path: ChunkPathConfig = UNTRIMMED, nice: int | None = None) -> None:
+        """`chunk_path`: the service's (`ServiceConfig.chunk_path`); the default trims no idle chunks."""
         realtime(nice, "room")  # its playout thread (started per session) inherits it
-        self.cfg, self.clock = cfg, clock
+        self.cfg, self.clock, self.chunk_path = cfg, clock, chunk_path
         telemetry.setup("room")  # this process's telemetry (OTEL_* of its environment; off by default)
         g = cfg.model.generation
         self.chunk_s = g.frames_per_chunk / g.fps
-        self.buffer_chunks, self.buffer_s = buffer_chunks, buffer_chunks * self.chunk_s
-        self.min_slack_s = None if min_slack_ms is None else min_slack_ms / 1e3
-        self.onset_slack_s = None if onset_slack_ms is None else onset_slack_ms / 1e3  # None: onsets are plain chunks
-        self.audio_lead_s = audio_lead_ms / 1e3
+        self.buffer_s = chunk_path.jitter_buffer_chunks * self.chunk_s
         self._late_seen, self._stall_seen = 0, 0.0  # the LiveKit playout's late chunks and stall, as reported
         self.sink: MediaSink | None = None
         self.meter = PlayoutMeter(self.chunk_s, g.frames_per_chunk, self.buffer_s)
@@ -191,7 +192,6 @@ class RoomWorker:
                 raise ValueError("output kind 'file' needs a path; the scheduler resolves it under output_dir")
             self.sink = Mp4Sink(Path(path), g.width, g.height, g.fps, m.audio.sample_rate)
         elif output.kind == "livekit":
-            from characters.pacing import PacingConfig
             from deployments.livekit.config import MediaFormat
             from deployments.livekit.publisher import AUDIO_FRAME_MS
             from deployments.livekit.sink import LiveKitSink
@@ -201,14 +201,9 @@ class RoomWorker:
             sink = LiveKitSink(output, MediaFormat(g.width, g.height, g.fps, g.frames_per_chunk),
                                SessionAudioHandler(session, session_id) if session is not None else None,
                                max_duration_s=None if max_duration_s is None else max_duration_s + 5,
-                               pacing=PacingConfig(fps=g.fps, frames_per_chunk=g.frames_per_chunk,
-                                                   sample_rate=m.audio.sample_rate, target_depth=self.buffer_chunks,
-                                                   audio_frame_ms=AUDIO_FRAME_MS,
-                                                   min_slack_s=self.min_slack_s,
-                                                   onset_slack_s=self.onset_slack_s or 0.0,
-                                                   audio_lead_s=self.audio_lead_s,
-                                                   max_catchup_s=min(self.audio_lead_s, PacingConfig.model_fields[
-                                                       "max_catchup_s"].default)),  # never over the lead
+                               pacing=self.chunk_path.playout(fps=g.fps, frames_per_chunk=g.frames_per_chunk,
+                                                              sample_rate=m.audio.sample_rate,
+                                                              audio_frame_ms=AUDIO_FRAME_MS),
                                on_playback=self._playback.append,  # deque.append: safe from another thread
                                poster=poster)
             sink.start()  # RoomError: the session fails to start, with the reason
@@ -231,7 +226,7 @@ class RoomWorker:
         sink = self.sink
         assert sink is not None
         f = self.cfg.model.generation.frames_per_chunk
-        if len(first.frames) >= f or not inp.onset or self.onset_slack_s is None or first.given_up:
+        if len(first.frames) >= f or not inp.onset or not self.chunk_path.onsets or first.given_up:
             self._held = first
             return 0
         t0 = time.time_ns()
@@ -271,7 +266,7 @@ class RoomWorker:
             t0 = time.time_ns()
             now = self.clock()
             late, lateness = self.meter.on_chunk(now)
-            onset = inp.onset and self.onset_slack_s is not None
+            onset = inp.onset and self.chunk_path.onsets
             cut_s = sink.write(frames.frames, inp.pcm, submitted_at=inp.submitted_at, onset=onset,
                                early_s=inp.early_s)
             # the stage ends where the output has the chunk (a LiveKit playout plays it from here on): the digest

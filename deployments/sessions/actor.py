@@ -30,7 +30,7 @@ from deployments.pipeline.graph import (
 from deployments.pipeline.messages import ChunkReport
 from deployments.pipeline.workers import first_frame_on, realtime
 from deployments.sessions.recovery import History, Resume, prime, prime_windows
-from deployments.sessions.runner import AudioBuffer, Outcome, Report, SessionRunner, keeps_real_time
+from deployments.sessions.runner import AudioBuffer, Outcome, Report, SessionRunner
 from deployments.settings import ServiceConfig
 from deployments.telemetry import SessionTelemetry
 from deployments.telemetry import names as N
@@ -133,14 +133,10 @@ class SessionActor:
                 log.exception("session %s: telemetry failed to start; it is off for this session", spec.session_id)
             self._traced(lambda t: t.starting(int(requested_at * 1e9) if requested_at else None))
         self.runner = SessionRunner(spec.session_id, self.cfg, max_duration_s=spec.max_duration_s, audio=self.audio,
-                                    depth=self.service.pipeline_depth, fetch_timeout_s=self.service.chunk_timeout_s,
+                                    chunk_path=self.service.chunk_path, livekit=spec.output.kind == "livekit",
                                     on_chunk=self._on_chunk if self.trace is not None else None,
                                     history=History(self.cfg.model.generation.ring_slots) if spec.recover else None,
-                                    resume=resume,
-                                    paced=keeps_real_time(self.service.pacing, spec.output.kind),
-                                    lead_chunks=self.service.run_ahead_chunks,
-                                    onsets=self.service.onset_slack_ms is not None,
-                                    preempt=self.service.preempt_idle and spec.output.kind == "livekit")
+                                    resume=resume)
         if requested_at is not None:  # the scheduler's wall clock (another node's, NTP-close)
             self.runner.phases["wait_actor_s"] = max(0.0, time.time() - requested_at)
         self._task = asyncio.get_running_loop().create_task(self._run(self.runner))
@@ -267,10 +263,11 @@ class SessionActor:
 
     def _make_pipeline(self) -> Pipeline:
         if graph_mode(self.service.graph, self.workers.device) == "actor_calls":
-            return ActorCallPipeline(self.workers, first_frame_on(self.service.onset_first_frame, self.workers.device))
+            return ActorCallPipeline(self.workers, first_frame_on(self.service.chunk_path.onset_first_frame,
+                                                                    self.workers.device))
         g = self.cfg.model.generation
         frame_bytes = g.frames_per_chunk * g.height * g.width * 3
-        return CompiledPipeline(self.workers, depth=self.service.pipeline_depth,
+        return CompiledPipeline(self.workers, depth=self.service.chunk_path.depth,
                                 buffer_bytes=max(1 << 20, 2 * frame_bytes),
                                 teardown_timeout_s=self.service.teardown_timeout_s)
 
@@ -278,7 +275,7 @@ class SessionActor:
         """Finish the output (the MP4 trailer); False if the room could not (the slot is then removed)."""
         try:
             await asyncio.wait_for(asyncio.wrap_future(self.workers.room.close.remote().future()),
-                                   self.service.chunk_timeout_s)
+                                   self.service.chunk_path.chunk_timeout_s)
         except (RayError, TimeoutError, OSError) as err:
             log.warning("session %s: the room did not close: %s", self.session_id, err)
             return False

@@ -36,14 +36,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from characters.audio import chunk_sample_range
+from characters.chunk_policy import ChunkPathConfig, ChunkPolicy
 from characters.config import SessionConfig
 from characters.pacing import SegmentEvent
 from characters.telemetry import CHUNK_STAGES, StageTime
-from deployments.pipeline.graph import (
-    ChunkFailure,
-    Pipeline,
-    run_chunk_loop,
-)
+from deployments.pipeline.graph import ChunkFailure, Pipeline
+from deployments.pipeline.loop import LoopIO, drive
 from deployments.pipeline.messages import ChunkReport
 from deployments.sessions.recovery import History, Resume
 from deployments.telemetry.session import GpuHandoffs, handoff
@@ -226,19 +224,26 @@ class SessionRunner:
     """The chunk loop of one started session, its status, events and stats. Runs in one thread
     (`run`); `stop`, `report` and the audio buffer are safe to use from others."""
 
-    def __init__(self, session_id: str, cfg: SessionConfig, *, max_duration_s: float, depth: int,
-                 fetch_timeout_s: float, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, session_id: str, cfg: SessionConfig, *, max_duration_s: float,
+                 chunk_path: ChunkPathConfig | None = None, livekit: bool = False,
+                 clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, audio: AudioBuffer | None = None,
                  on_chunk: Callable[[ChunkReport, float], None] | None = None,
-                 history: History | None = None, resume: Resume | None = None, paced: bool = True,
-                 lead_chunks: float = 2.0, onsets: bool = True, preempt: bool = False) -> None:
+                 history: History | None = None, resume: Resume | None = None, depth: int = 2,
+                 fetch_timeout_s: float = 30.0, paced: bool = True, lead_chunks: float = 2.0, onsets: bool = True,
+                 preempt: bool = False) -> None:
+        """`chunk_path` (the service's) and `livekit` (the output is a LiveKit room) decide the chunk loop's policy;
+        without it, the former keywords `depth` .. `preempt` do (kept for one release)."""
         g = cfg.model.generation
-        self.session_id, self.depth, self.fetch_timeout_s = session_id, depth, fetch_timeout_s
+        if chunk_path is None:
+            chunk_path = ChunkPathConfig(depth=depth, chunk_timeout_s=fetch_timeout_s, run_ahead_chunks=lead_chunks,
+                                         onset_slack_s=ChunkPathConfig().onset_slack_s if onsets else None,
+                                         preempt_idle=preempt, pacing="realtime" if paced else "unpaced")
+            livekit = preempt  # (preemption is for LiveKit outputs)
+        self.chunk_path, self.livekit = chunk_path, livekit
+        self.session_id, self.depth, self.fetch_timeout_s = session_id, chunk_path.depth, chunk_path.chunk_timeout_s
         self.chunk_s, self.max_duration_s = g.frames_per_chunk / g.fps, max_duration_s
-        self.paced = paced  # False: chunks back to back (ServiceConfig.pacing "unpaced")
-        self.lead_chunks = lead_chunks  # a chunk whose audio is all queued may go this early (run_chunk_loop)
-        self.onsets = onsets  # mark speech onsets (the room plays them at once)
-        self.preempt = preempt and onsets  # an onset takes the idle chunk in flight's place (run_chunk_loop)
+        self.paced = keeps_real_time(chunk_path.pacing, "livekit" if livekit else "")  # False: chunks back to back
         self.clock, self.wall = clock, wall
         self.audio = audio or AudioBuffer(g.frames_per_chunk, cfg.model.audio.sample_rate, g.fps)
         self.stats = SessionStats()
@@ -312,13 +317,12 @@ class SessionRunner:
         try:
             if self._stop_reason is None:
                 self.status(SessionStatus.READY, " ".join(f"{k}={v:.3f}" for k, v in self.phases.items()))
-            result = run_chunk_loop(
-                pipeline, session_id=self.session_id, audio=self._take, first_chunk=self.first_chunk,
-                chunk_s=self.chunk_s if self.paced else 0.0, depth=self.depth,
-                max_duration_s=self.max_duration_s, fetch_timeout_s=self.fetch_timeout_s, clock=self.clock,
-                wait=self._wait, stop_reason=lambda: self._stop_reason, on_report=self._on_report,
-                ready=self.audio.windows_ready if self.paced else None, lead_chunks=self.lead_chunks,
-                onsets=self.onsets, preempt=self.preempt)
+            policy = ChunkPolicy.of(self.chunk_path, chunk_s=self.chunk_s, start=self.clock(),
+                                    max_duration_s=self.max_duration_s, first_chunk=self.first_chunk,
+                                    livekit=self.livekit, paced=self.paced)
+            result = drive(pipeline, policy, LoopIO(
+                self.session_id, self._take, self.clock, self._wait, lambda: self._stop_reason, self._on_report,
+                self.fetch_timeout_s, self.audio.windows_ready if self.paced else None))
             self.loop_ended_at = self.clock()
             if result.failure is not None:
                 return self.finish(SessionStatus.FAILED, str(result.failure))

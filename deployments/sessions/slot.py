@@ -129,15 +129,13 @@ async def build_slot(slot_id: str, cfg: SessionConfig, service: ServiceConfig, *
             name=worker_name(slot_id, "decoder"), namespace=NAMESPACE, lifetime="detached",
             scheduling_strategy=slot.strategy(b),
             **_share(spec, b, use_gpus)).remote(cfg, use_gpus=use_gpus, auto_dtype=auto, trace_context=trace,
-                                                nice=service.realtime_nice, first_frame=service.onset_first_frame)
+                                                nice=service.realtime_nice,
+                                                first_frame=service.chunk_path.onset_first_frame)
         b = spec.bundle_of("room")
         slot.room = ray.remote(RoomWorker).options(
             name=worker_name(slot_id, "room"), namespace=NAMESPACE, lifetime="detached",
             scheduling_strategy=slot.strategy(b),
-            num_cpus=cfg.topology.room_cpus / 2).remote(cfg, buffer_chunks=service.jitter_buffer_chunks,
-                                                      min_slack_ms=service.jitter_min_slack_ms,
-                                                      onset_slack_ms=service.onset_slack_ms,
-                                                      audio_lead_ms=service.audio_lead_ms,
+            num_cpus=cfg.topology.room_cpus / 2).remote(cfg, chunk_path=service.chunk_path,
                                                       nice=service.realtime_nice)
         limit = service.worker_timeout_s
         devices = await _all((w.init_device.remote() for w in [*slot.dits, slot.decoder]), limit, "init_device")

@@ -61,7 +61,7 @@ class RaySlotOps:
                                 trace_context=trace_context, owner=self.owner)
 
     async def reset(self, slot: Slot, session_id: str) -> bool:
-        return await reset_slot(slot, session_id, self.service.chunk_timeout_s)
+        return await reset_slot(slot, session_id, self.service.chunk_path.chunk_timeout_s)
 
     async def ping(self, slot: Slot) -> bool:
         return await ping_slot(slot)

@@ -13,7 +13,8 @@ import pytest
 from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.pacing import SegmentEvent, SpeechSplit
-from deployments.pipeline.graph import ChunkFailure, run_chunk_loop
+from deployments.pipeline.graph import ChunkFailure
+from deployments.pipeline.loop import run_chunk_loop
 from deployments.pipeline.messages import ChunkInput, ChunkReport
 from deployments.pipeline.room import PlayoutMeter
 from deployments.sessions.runner import AudioBuffer, SessionRunner, keeps_real_time, playback_event
