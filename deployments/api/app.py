@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import ray
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Security
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.actor import ActorHandle
@@ -41,15 +43,18 @@ from ray.serve.deployment import Deployment
 
 from deployments import telemetry
 from deployments.api.auth import ApiKeys
-from deployments.api.avatars import AvatarRegistry, AvatarStore
+from deployments.api.avatars import Avatar, AvatarRegistry
 from deployments.api.errors import ApiError, ErrorCode
 from deployments.api.frontend import SessionFrontend
 from deployments.api.grpc_service import GRPC_SERVICER_FUNCTIONS, CharactersGrpc
 from deployments.api.http import build_http_app
 from deployments.api.realtime import RealtimeBook, RealtimeRegistry
-from deployments.api.requests import ApiConfig
+from deployments.api.requests import ApiConfig, known_query
+from deployments.api.runway import RunwayClient
+from deployments.api.usage import UsageRegistry, add_usage_routes
 from deployments.api.watch import WatchSettings, add_watch_routes
 from deployments.settings import ServiceConfig
+from deployments.store import AvatarRows, UsageQueries, database_url, describe, open_engine
 from deployments.telemetry import http as telemetry_http
 from deployments.types import (
     NAMESPACE,
@@ -77,6 +82,9 @@ def connect_scheduler(service: ServiceConfig) -> ActorHandle:
     return get_or_create_scheduler(service)
 
 
+AUDIO_ROUTES_KEPT = 4096  # sessions whose audio route an ingress replica remembers
+
+
 class ActorScheduler:
     """The scheduler actor behind the `deployments.api.frontend.Scheduler` interface.
 
@@ -88,6 +96,7 @@ class ActorScheduler:
     def __init__(self, service: ServiceConfig) -> None:
         self.service = service
         self._handle: ActorHandle | None = None
+        self._routes: OrderedDict[str, ActorHandle] = OrderedDict()  # session -> its actor, for agent audio
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -123,7 +132,24 @@ class ActorScheduler:
         return await self._call("capacity")
 
     async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
-        await self._call("push_audio", session_id, pcm, sample_rate, channels)
+        """To the session's own actor (`SessionScheduler.audio_route`, asked once per session), not through the
+        scheduler; held by the scheduler only until the session runs. Validated by the frontend."""
+        route = self._routes.get(session_id) or await self._call("audio_route", session_id)
+        if route is None:
+            await self._call("push_audio", session_id, pcm, sample_rate, channels)
+            return
+        self._routes[session_id] = route
+        self._routes.move_to_end(session_id)
+        while len(self._routes) > AUDIO_ROUTES_KEPT:
+            self._routes.popitem(last=False)
+        try:  # (the actor drops audio naming a session it no longer runs)
+            await route.push_audio.remote(session_id, pcm, sample_rate, channels)
+        except RayActorError:  # the slot is gone: the session is ending, its run reports how
+            self._routes.pop(session_id, None)
+        except RayTaskError as e:
+            if isinstance(e.cause, ValueError):  # the session's queue is full
+                raise ApiError(422, ErrorCode.REJECTED, str(e.cause)) from None
+            raise
 
     async def clear_audio(self, session_id: str) -> None:
         await self._call("clear_audio", session_id)
@@ -136,11 +162,12 @@ class ActorScheduler:
 
 
 # ----------------------------------------------------------------------------------- shared state
-# What every ingress replica must see alike: the avatars (`/v1/avatars`) and the Runway sessions' keys, held by
-# one detached, named Ray actor. Every replica's `SessionFrontend.avatars` / `.realtime` send their calls to it,
-# so an avatar created, or a session key shown, through one replica is found through every other. The actor
-# restarts empty if its process dies (nothing is persisted: clients create avatars again, as after a service
-# restart); unreachable, calls answer 503 with Retry-After.
+# What every ingress replica must see alike: the avatars (`/v1/avatars`), usage and the Runway sessions' keys,
+# through one detached, named Ray actor. Every replica's `SessionFrontend.avatars` / `.realtime` send their calls
+# to it, so an avatar created, or a session key shown, through one replica is found through every other. Avatars
+# (with their processed images) and usage live in the service's database (`deployments.store`: SQLite in the data
+# directory, or PostgreSQL by URL), so they outlive the actor, a restart and an upgrade's new cluster; the session
+# keys are still held in its memory. Unreachable, calls answer 503 with Retry-After.
 
 SHARED_ACTOR = "runway-state"
 SHARED_RETRY_AFTER_S = 2.0
@@ -148,8 +175,11 @@ SHARED_RETRY_AFTER_S = 2.0
 
 @ray.remote(num_cpus=0, max_restarts=-1)
 class SharedStateActor:
-    def __init__(self, max_avatars: int) -> None:
-        self.parts: dict[str, Any] = {"avatars": AvatarStore(max_avatars), "realtime": RealtimeBook()}
+    def __init__(self, max_avatars: int, url: str) -> None:
+        engine = open_engine(url)
+        logger.info("service state in %s", describe(url))
+        self.parts: dict[str, Any] = {"avatars": AvatarRows(engine, Avatar, max_avatars), "realtime": RealtimeBook(),
+                                      "usage": UsageQueries(engine)}
 
     def call(self, part: str, method: str, *args: Any) -> Any:
         if method.startswith("_"):
@@ -160,20 +190,24 @@ class SharedStateActor:
 class SharedState:
     """This replica's handle to the service's one `SharedStateActor` (created by the first replica to ask)."""
 
-    def __init__(self, max_avatars: int = 256) -> None:
-        self.max_avatars = max_avatars
+    def __init__(self, url: str, max_avatars: int = 256) -> None:
+        self.url, self.max_avatars = url, max_avatars
         self._actor: Any = None
 
     def _handle(self) -> Any:
         if self._actor is None:
             self._actor = SharedStateActor.options(  # type: ignore[attr-defined]
                 name=SHARED_ACTOR, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-            ).remote(self.max_avatars)
+            ).remote(self.max_avatars, self.url)
         return self._actor
 
     async def call(self, part: str, method: str, *args: Any) -> Any:
         try:
             return await self._handle().call.remote(part, method, *args)
+        except RayTaskError as e:
+            if isinstance(e.cause, ApiError):
+                raise e.cause from None
+            raise
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
             self._actor = None  # look it up (or create it) again next time
             raise ApiError(503, "shared_state_unavailable", f"the service's shared {part} registry is not reachable "
@@ -190,6 +224,16 @@ class SharedAvatars(AvatarRegistry):
 
     async def _store_call(self, method: str, *args: Any) -> Any:
         return await self._shared.call("avatars", method, *args)
+
+
+class SharedUsage(UsageRegistry):
+    """`UsageRegistry` over the shared actor."""
+
+    def __init__(self, shared: SharedState) -> None:
+        self._shared = shared
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        return await self._shared.call("usage", method, *args)
 
 
 class SharedRealtime(RealtimeRegistry):
@@ -222,14 +266,19 @@ class _Ingress(CharactersGrpc):
         self.telemetry = telemetry.setup("ingress")  # OTEL_* of this replica's process (off by default)
         self.keys = ApiKeys.from_env()
         self.scheduler = ActorScheduler(service)
-        shared = SharedState()  # avatars and session keys: one for all replicas
+        shared = SharedState(database_url(service.data_dir, service.database_url))  # one for all replicas
         self.frontend = SessionFrontend(self.scheduler, api, SharedAvatars(shared), SharedRealtime(shared))
+        self.usage = SharedUsage(shared)
         self.livekit = WatchSettings.from_env()  # the service's own LiveKit server
         logger.info("characters ingress: preset %s, API keys %s", service.preset,
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = add_watch_routes(build_http_app(self.frontend, self.keys, self.livekit), self.frontend, self.livekit)
+        bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured")),
+                  Depends(known_query)]
+        add_usage_routes(app, self.usage, {"dependencies": bearer, "tags": ["usage"]},
+                         {"dependencies": [*bearer, Depends(RunwayClient())], "tags": ["runway"]})
         return telemetry_http.install(app)  # request spans, outermost
 
     async def reconfigure(self, config: dict[str, Any]) -> None:

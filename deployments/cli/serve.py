@@ -1,7 +1,7 @@
 """`characters serve`: run the Serve application on a local Ray cluster (or the one in RAY_ADDRESS).
 
     run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000, livekit_dev=False,
-              livekit_port=7880) -> exit code
+              livekit_port=7880, data_dir=None, database_url=None) -> exit code
 
 - No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
   service (tiny preset, CPU topology) unless the config says otherwise, keeping one warm slot (the first
@@ -12,6 +12,10 @@
   (`{service: {...}, api: {...}, ingress: {...}}`); None: the defaults plus CHARACTERS_* variables.
 - Prints the HTTP and gRPC addresses, then blocks until Ctrl-C or SIGTERM, then deletes the app
   (joined cluster) or shuts Serve and Ray down (own cluster), and returns 0. Bad config: 2.
+- State (avatars, session records, usage) lives in a database that outlives the process: SQLite under
+  `data_dir` (default: CHARACTERS_DATA_DIR, else ~/.local/share/characters; created on first run), or the
+  PostgreSQL of `database_url` (or CHARACTERS_DATABASE_URL; a URL in the environment keeps its password out of
+  the process list). The schema is migrated on start. A config's `service.data_dir` / `database_url` win.
 - `grpc_port=0` turns the gRPC proxy off. Serve's gRPC proxy listens on all interfaces (it has no
   host option), whatever `host` is.
 - `livekit_dev`: also start a development LiveKit server on loopback (`deployments.livekit.server`:
@@ -21,7 +25,7 @@
   answered by `GET /v1/livekit`. It stops after Serve and Ray.
 
 Also runnable as `python -m deployments.cli.serve [--config F] [--host H] [--port P] [--grpc-port G]
-[--livekit-dev [--livekit-port L]]`.
+[--livekit-dev [--livekit-port L]] [--data-dir D] [--database-url URL]`.
 """
 
 from __future__ import annotations
@@ -84,6 +88,27 @@ def _with_local_warm_slot(args: dict[str, Any]) -> dict[str, Any]:
     return {**args, "service": {**service, "warm_slots": LOCAL_WARM_SLOTS}}
 
 
+def default_data_dir() -> str:
+    """CHARACTERS_DATA_DIR, else $XDG_DATA_HOME/characters (~/.local/share/characters)."""
+    from deployments.settings import DATA_DIR
+
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return DATA_DIR.get() or str(Path(base) / "characters")
+
+
+def _with_state(args: dict[str, Any], data_dir: str | None, database_url: str | None) -> dict[str, Any]:
+    """The app args with the service's database: `database_url`, else `data_dir` (default `default_data_dir()`),
+    unless the config names one (or CHARACTERS_DATABASE_URL is set)."""
+    from deployments.settings import DATABASE_URL
+
+    service = dict(args.get("service") or {})
+    if database_url:
+        service["database_url"] = database_url
+    elif not (service.get("database_url") or service.get("data_dir") or DATABASE_URL.get()):
+        service["data_dir"] = str(Path(data_dir or default_data_dir()).expanduser().resolve())
+    return {**args, "service": service}
+
+
 def _wait_warm(scheduler: Any, want: int, timeout_s: float) -> Capacity:
     """Poll the scheduler's capacity until `want` warm slots are free (or `timeout_s`); the last answer."""
     import ray
@@ -140,7 +165,8 @@ def _start_livekit_dev(http_port: int) -> LiveKitServer:
 
 def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
               grpc_port: int = DEFAULT_GRPC_PORT, livekit_dev: bool = False,
-              livekit_port: int = DEFAULT_LIVEKIT_PORT) -> int:
+              livekit_port: int = DEFAULT_LIVEKIT_PORT, data_dir: str | None = None,
+              database_url: str | None = None) -> int:
     """Serve until Ctrl-C / SIGTERM (see the module docstring). Returns the process exit code."""
     address = os.environ.get("RAY_ADDRESS") or None
     if livekit_dev and address is not None:
@@ -154,9 +180,15 @@ def run_serve(config_path: str | None = None, host: str = DEFAULT_HOST, port: in
         args = _load_args(config_path)
         if address is None:
             args = _with_local_warm_slot(args)
+        args = _with_state(args, data_dir, database_url)
         from deployments.api.app import parse_args  # imports Ray: after the environment is set
+        from deployments.store import database_url as resolve_url
+        from deployments.store import describe, open_engine
 
         service, _, _ = parse_args(args)
+        url = resolve_url(service.data_dir, service.database_url)
+        open_engine(url)  # made and migrated now: a database that cannot be used stops the start here
+        _say(f"state in {describe(url)}")
     except ValueError as e:
         _say(str(e))
         return 2
@@ -244,6 +276,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--livekit-port", type=int, default=DEFAULT_LIVEKIT_PORT,
                    help=f"--livekit-dev's HTTP/WebSocket port (default {DEFAULT_LIVEKIT_PORT}; ICE/TCP and UDP take "
                         "the next two)")
+    p.add_argument("--data-dir", default=None,
+                   help="directory of the embedded SQLite database (avatars, sessions, usage; created on first run; "
+                        "default CHARACTERS_DATA_DIR, else ~/.local/share/characters)")
+    p.add_argument("--database-url", default=None,
+                   help="PostgreSQL instead: postgresql+psycopg://user:pw@host/db (prefer CHARACTERS_DATABASE_URL: "
+                        "a flag's password shows in the process list)")
     return p
 
 
@@ -254,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(a: argparse.Namespace) -> int:
     """`run_serve` with the parsed arguments of `build_parser`."""
-    return run_serve(a.config, a.host, a.port, a.grpc_port, a.livekit_dev, a.livekit_port)
+    return run_serve(a.config, a.host, a.port, a.grpc_port, a.livekit_dev, a.livekit_port, a.data_dir,
+                     a.database_url)
 
 
 if __name__ == "__main__":

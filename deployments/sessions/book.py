@@ -3,11 +3,14 @@ ended ones kept (without their images) for `get` and `list`.
 
 A plain class used under the scheduler's lock (no Ray). Every change to a session goes through `event`,
 `status` or `terminal`, which number it and wake whoever waits on the session (`events`, `wait_terminal`).
+With `records` (`deployments.store.SessionRows`), every status change is written to the database at once, the
+live sessions get a heartbeat, and an ended session no longer in memory is read back from there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from deployments.sessions.recovery import Resume
+from deployments.store import SessionRows, StoreError
 from deployments.telemetry import Admission, SchedulerTelemetry
 from deployments.types import (
     NoCapacity,
@@ -28,7 +32,10 @@ from deployments.types import (
 )
 from placement import Lease
 
+log = logging.getLogger(__name__)
+
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)  # an ended session's spec keeps no reference image
+HEARTBEAT_S = 1.0  # live sessions' records are touched this often: a restart ends them within this of their end
 
 
 @dataclass
@@ -56,9 +63,13 @@ class SessionRecord:
 class SessionBook:
     """Sessions by id, live and recently ended (at most `ended_max` of the latter)."""
 
-    def __init__(self, tele: SchedulerTelemetry, *, events_max: int, ended_max: int) -> None:
+    def __init__(self, tele: SchedulerTelemetry, *, events_max: int, ended_max: int,
+                 records: SessionRows | None = None) -> None:
         self.tele, self.events_max, self.ended_max = tele, events_max, ended_max
         self.sessions: dict[str, SessionRecord] = {}
+        self.records = records
+        self.gpus = 0  # GPUs of one session's bundle (its records' GPU-seconds), known once the scheduler starts
+        self._beat = 0.0  # when the live sessions' heartbeat was last written (monotonic)
 
     def new(self, spec: SessionSpec, status: SessionStatus, admission: Admission | None = None,
             **fields: Any) -> SessionRecord:
@@ -72,9 +83,55 @@ class SessionBook:
 
     def get(self, session_id: str) -> SessionRecord:
         sess = self.sessions.get(session_id)
+        if sess is None and self.records is not None and 0 < len(session_id) <= 128:
+            info = self._stored("read", lambda: self.records.get(session_id) if self.records else None)
+            if info is not None and info.status.terminal:  # ended, and no longer (or never) in memory
+                return SessionRecord(info, SessionSpec(session_id, _NO_IMAGE, info.preset, api_key_id=info.owner),
+                                     deque(maxlen=1))
         if sess is None:
             raise UnknownSession(session_id)
         return sess
+
+    def listed(self) -> list[SessionInfo]:
+        """The sessions in memory, then the newest ended ones only the database still has (`ended_max` in all)."""
+        infos = [s.info for s in self.sessions.values()]
+        if self.records is not None:
+            room = max(0, self.ended_max - sum(s.terminal for s in self.sessions.values()))
+            infos += self._stored("list", lambda: self.records.ended(room, self.sessions) if self.records else []) or []
+        return infos
+
+    # ------------------------------------------------------------------------------ the database
+    def _stored(self, what: str, call: Any) -> Any:
+        """`call()`; a database error is logged (the session goes on; its record is written at its next change)."""
+        try:
+            return call()
+        except StoreError as e:
+            log.error("session records: %s failed (%s: %s)", what, type(e).__name__, str(e)[:300])
+            return None
+
+    def save(self, sess: SessionRecord) -> None:
+        if self.records is not None:
+            records = self.records
+            self._stored("write", lambda: records.save(sess.info, self.gpus, time.time()))
+
+    def heartbeat(self) -> None:
+        """The live sessions are live now (a restart ends them at the last heartbeat); at most every HEARTBEAT_S."""
+        if self.records is not None and time.monotonic() - self._beat >= HEARTBEAT_S:
+            self._beat = time.monotonic()
+            records, live = self.records, [s.info.id for s in self.live()]
+            self._stored("heartbeat", lambda: records.touch(live, time.time()))
+
+    def restored(self, gpus: int) -> list[SessionInfo]:
+        """At start, once running sessions are adopted (`gpus`: a bundle's): every other session the database has
+        as live ends FAILED `service_restarted` (its process was killed with the service)."""
+        self.gpus = gpus
+        if self.records is None:
+            return []
+        records, keep = self.records, [s.info.id for s in self.live()]
+        ended: list[SessionInfo] = self._stored("restore", lambda: records.restarted(keep)) or []
+        for info in ended:
+            self.tele.ended(info.status.value, info.reason or "")
+        return ended
 
     def live(self) -> list[SessionRecord]:
         return [s for s in self.sessions.values() if not s.terminal]
@@ -90,6 +147,8 @@ class SessionBook:
 
     # ------------------------------------------------------------------------------ changes
     def event(self, sess: SessionRecord, kind: Any, **fields: Any) -> None:
+        if kind == "status":
+            self.save(sess)
         sess.seq += 1
         sess.events.append(SessionEvent(sess.seq, sess.info.id, kind, **fields))
         bell, sess.bell = sess.bell, asyncio.Event()

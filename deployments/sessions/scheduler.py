@@ -58,6 +58,7 @@ from deployments.sessions.runner import Outcome, Report
 from deployments.sessions.slot import Slot
 from deployments.sessions.slots import RaySlotOps, SlotManager, SlotOps
 from deployments.settings import ServiceConfig
+from deployments.store import SessionRows, database_url, open_engine
 from deployments.telemetry import SchedulerTelemetry, leaked_placement_groups, setup
 from deployments.types import (
     NAMESPACE,
@@ -126,7 +127,8 @@ class SessionScheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.demand = DemandPublisher(self._spawn)  # to the autoscaler: live slots + queued requests
         self.tele = SchedulerTelemetry(setup("scheduler"))  # OTEL_* of this actor's process (off by default)
-        self.book = SessionBook(self.tele, events_max=service.events_max, ended_max=service.ended_max)
+        records = SessionRows(open_engine(database_url(service.data_dir, service.database_url)), name)
+        self.book = SessionBook(self.tele, events_max=service.events_max, ended_max=service.ended_max, records=records)
         self.sessions = self.book.sessions
         self._ops = ops  # None: on the cluster (RaySlotOps), once it is known whether it has GPUs
         self.slots = SlotManager(ops or RaySlotOps(self.cfg, service, owner=name, use_gpus=bool(service.use_gpus)),
@@ -213,7 +215,7 @@ class SessionScheduler:
 
     async def list_sessions(self) -> list[SessionInfo]:
         await self._start()
-        return [s.info for s in self.sessions.values()]
+        return self.book.listed()
 
     async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
         await self._start()
@@ -242,13 +244,20 @@ class SessionScheduler:
                         sessions_running=running, queued=len(self.queue),
                         warm_slots_free=self.slots.counts()["free"])
 
-    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
+    async def audio_route(self, session_id: str) -> Any | None:
+        """The actor agent audio for `session_id` goes to (its slot's SessionActor), once the session runs there;
+        None before (its audio is then held here: `push_audio`) and after it ended. The ingress asks once per
+        session and sends the audio itself: data-plane traffic stays off this actor."""
         await self._start()
         sess = self.book.get(session_id)
-        if not 8000 <= sample_rate <= 192000 or not 1 <= channels <= 8 or len(pcm) % (2 * channels):
-            raise ValueError(
-                f"audio of {len(pcm)} bytes at sample_rate={sample_rate}, channels={channels}: need 16-bit PCM with "
-                "8000..192000 Hz, 1..8 channels and a whole number of frames (bytes divisible by 2 * channels)")
+        return None if sess.terminal else sess.actor
+
+    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
+        """Audio for a session without an actor yet is held until it starts (`audio_route` is None); otherwise
+        forwarded (the former path, kept for one release). Validated by the ingress
+        (`characters.audio.check_agent_pcm`), not here."""
+        await self._start()
+        sess = self.book.get(session_id)
         if sess.terminal:
             return
         if sess.actor is None:
@@ -517,6 +526,7 @@ class SessionScheduler:
             async with self.lock:
                 for sess in adopt(found, self.book, self.slots, self.name):
                     self._spawn(self._run(sess))
+                self.book.restored(int(sum(b.get("GPU", 0) for b in self.spec.bundles)))  # FAILED service_restarted
             self._started = True
             self._spawn(self._tick())
             async with self.lock:
@@ -533,6 +543,7 @@ class SessionScheduler:
             async with self.lock:
                 self._on_nodes(changes)
                 self._dispatch(time.monotonic())
+                self.book.heartbeat()
 
     def _on_nodes(self, changes: list[NodeChange]) -> None:
         """Apply node changes (lock held; none: still retire what frees on draining nodes): a lost node's

@@ -151,8 +151,9 @@ ALLOWED = {
     "telemetry": SHARED,
     "livekit": SHARED | {"deployments.telemetry"},
     "pipeline": SHARED | {"deployments.telemetry", "deployments.livekit"},
-    "sessions": SHARED | {"deployments.telemetry", "deployments.livekit", "deployments.pipeline"},
-    "api": SHARED | {"deployments.telemetry", "deployments.livekit.config"},
+    "store": SHARED,
+    "sessions": SHARED | {"deployments.telemetry", "deployments.livekit", "deployments.pipeline", "deployments.store"},
+    "api": SHARED | {"deployments.telemetry", "deployments.livekit.config", "deployments.store"},
     "app": {"deployments.api"},  # deployments.app and deployments.proto: aliases of one release
     "proto": {"deployments.api"},
 }
