@@ -28,6 +28,7 @@ if [ "$extra" = "[agent]" ]; then
 elif [ -n "$extra" ]; then
     scripts/setup/build_web.sh
     scripts/setup/install_chromium.sh
+    scripts/setup/install_postgres.sh  # the server the database tests start on loopback (tests/postgres.py)
     scripts/setup/install_otelcol.sh >/dev/null  # the collector the telemetry test runs the shipped config on
     scripts/setup/build_examples.sh   # examples/web (the React call page) and tests/clients/node (the Runway Node SDK)
     scripts/setup/install_espeak.sh   # the voice agent example's stand-in TTS
