@@ -67,6 +67,7 @@ Telemetry (`TelemetryConfig.from_env()`; OFF unless an OTLP endpoint or exporter
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from characters.chunk_policy import ChunkPathConfig
 from characters.config import DType, SessionConfig, TopologyConfig, session_config
 from deployments.types import SessionSpec
 
@@ -224,6 +226,16 @@ DATABASE_URL = EnvVar("CHARACTERS_DATABASE_URL", str, "", "the service's databas
                       "postgresql+psycopg://user:password@host:5432/characters; it overrides CHARACTERS_DATA_DIR")
 
 
+# the chunk path's former flat keys of ServiceConfig -> (ChunkPathConfig field, former units per new unit)
+DEPRECATED_CHUNK_KEYS: dict[str, tuple[str, float]] = {
+    "pipeline_depth": ("depth", 1), "jitter_buffer_chunks": ("jitter_buffer_chunks", 1),
+    "jitter_min_slack_ms": ("min_slack_s", 1000), "run_ahead_chunks": ("run_ahead_chunks", 1),
+    "onset_slack_ms": ("onset_slack_s", 1000), "onset_first_frame": ("onset_first_frame", 1),
+    "preempt_idle": ("preempt_idle", 1), "audio_lead_ms": ("audio_lead_s", 1000), "pacing": ("pacing", 1),
+    "chunk_timeout_s": ("chunk_timeout_s", 1),
+}
+
+
 class ServiceConfig(BaseModel):
     """What the scheduler serves and how: one model and topology, admission limits, the chunk graph."""
 
@@ -266,58 +278,17 @@ class ServiceConfig(BaseModel):
         "run on CUDA, actor_calls on CPUs, where each graph actor spins a core while it waits for its input "
         "(Ray 2.60's shared-memory channels poll with sched_yield).",
     )
-    pipeline_depth: int = Field(
-        default=2, ge=1, le=8, description="Chunks in flight: 2 lets the DiT make chunk k+1 while k is decoded."
-    )
-    jitter_buffer_chunks: float = Field(
-        default=1.0, ge=0, le=4, description="The output's jitter buffer, in chunk durations: the slack against "
-        "late chunks, paid as latency by every chunk (the first waits this long before playout starts).")
-    jitter_min_slack_ms: float | None = Field(
-        default=200.0, ge=0, le=1000, description="LiveKit outputs: idle chunks (no speech) are trimmed a frame at a "
-        "time while every chunk of the last 6 s was queued this long plus a frame ahead of its play time, so a buffer "
-        "that grew on a late chunk settles back to this slack (characters.pacing, min_slack_s). Speech after idle "
-        "(an onset) cuts the idle content ahead of it whatever its depth, so this costs latency only to speech that "
-        "comes at about real time. At 30 ms, beside a LiveKit Agents voice agent on two cores, the idle chunk in "
-        "flight when the agent's next line arrived was often late (2-5 late chunks in ~84 s, README, 'Use it from a "
-        "voice agent'); 200 covers those bursts. None: off (the buffer keeps whatever depth it grew to).")
-    run_ahead_chunks: float = Field(
-        default=2.0, ge=0, le=8, description="A chunk whose audio window is all queued is generated as soon as it "
-        "is, up to this many chunk durations before its boundary, instead of waiting for it: speech (a TTS sends it "
-        "faster than real time) waits for no boundary. 0: every chunk waits for its boundary.")
-    onset_slack_ms: float | None = Field(
-        default=20.0, ge=0, le=1000, description="LiveKit outputs: the first chunk of speech after idle chunks (when "
-        "the next window is queued too) plays as soon as it is generated, this long after it reached the room: the "
-        "idle frames ahead of it are cut and the chunk clock moves as much earlier (characters.pacing, speech "
-        "onsets). None: off (speech waits behind the jitter buffer like any chunk).")
-    onset_first_frame: Literal["auto", "on", "off"] = Field(
-        default="auto", description="A speech onset's chunk is decoded in two parts: its first frame (each decoder "
-        "stage on only the frames that frame needs), which the room plays at once, then the other three "
-        "(characters.vae, decode_first). auto: on for GPU decoders (57b on an H200: the first frame on the host in "
-        "21 ms instead of 60), off on CPUs (the tiny decoder's first frame comes only 4 ms sooner, and "
-        "beside a voice agent on two cores the rest of an onset's chunk came late in 2 runs of 6: README, Latency).")
-    preempt_idle: bool = Field(
-        default=True, description="LiveKit outputs: a speech onset takes the place of the idle chunk the DiT is "
-        "making when it comes: the DiT gives that chunk up between two parts of its step (topology.step_groups) and "
-        "makes the onset in its cache slot, after the chunks the viewer has, instead of waiting for the rest of the "
-        "step (an idle chunk the onset would mostly cut anyway; the idle content queued ahead of the viewer, "
-        "jitter_min_slack_ms, plays meanwhile). Off: the onset waits for the chunk in flight.")
-    audio_lead_ms: float = Field(
-        default=20.0, ge=0, le=500, description="LiveKit outputs: the character's audio goes to the audio source this "
-        "long before its frames are due, and the source's queue plays it that much later, so a room loop that wakes "
-        "late never leaves the queue dry (a gap, then a jitter buffer that grows at the viewer). Every word is heard "
-        "this much later (characters.pacing, audio_lead_s).")
+    chunk_path: ChunkPathConfig = Field(
+        default_factory=ChunkPathConfig, description="The real-time chunk path: chunks in flight, run-ahead, speech "
+        "onsets, preemption, the output's jitter buffer (characters.chunk_policy).")
     realtime_nice: int | None = Field(
         default=-10, ge=-20, le=19, description="Nice value of the chunk path's workers (DiT ranks, decoder, room, "
         "session actor), asked of the OS for every thread of theirs: real-time work beside a voice agent, a LiveKit "
         "server and a viewer on the same cores. Below 0 needs CAP_SYS_NICE (root in most containers); refused, they "
         "keep Ray's worker niceness (0 on a cluster `deployments.sessions.cluster` starts). None: leave it.")
-    pacing: Literal["realtime", "unpaced"] = Field(
-        default="realtime", description="realtime: chunk k is submitted at k x its play time; unpaced: back to back, "
-        "as fast as the pipeline goes (benchmarks, file renders). LiveKit outputs are always realtime.")
     output_dir: str = Field(default="out/sessions", description="Directory of 'file' outputs (relative paths).")
     placement_timeout_s: float = Field(default=30.0, gt=0, description="Wait for a placement group, then remove it.")
     worker_timeout_s: float = Field(default=600.0, gt=0, description="Wait for one worker stage before failing.")
-    chunk_timeout_s: float = Field(default=30.0, gt=0, description="Wait for one chunk's result before failing.")
     teardown_timeout_s: int = Field(default=2, ge=1, description="Compiled-graph teardown timeout (seconds).")
     report_interval_s: float = Field(default=0.5, gt=0, description="How often a session reports stats and events.")
     events_max: int = Field(default=2000, ge=16, description="Events kept per session for long-polls.")
@@ -327,6 +298,33 @@ class ServiceConfig(BaseModel):
                           "records, usage), created on first run; empty with no database_url: in memory only.")
     database_url: str = Field(default="", repr=False, description="SQLAlchemy URL of the service's database "
                               "(postgresql+psycopg://...); overrides data_dir. May hold a password: never logged.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_keys(cls, data: Any) -> Any:
+        """The chunk path's former flat keys (e.g. `jitter_min_slack_ms: 200`) go into `chunk_path`, converted to
+        its units, with a DeprecationWarning: accepted for one release."""
+        if not isinstance(data, dict) or not DEPRECATED_CHUNK_KEYS.keys() & data.keys():
+            return data
+        data, moved, said = dict(data), {}, []
+        for old in sorted(DEPRECATED_CHUNK_KEYS.keys() & data.keys()):
+            new, scale = DEPRECATED_CHUNK_KEYS[old]
+            value = data.pop(old)
+            moved[new] = value / scale if scale != 1 and value is not None else value
+            said.append(f"{old} is deprecated; set chunk_path.{new}{' (seconds)' if scale != 1 else ''} instead")
+        warnings.warn(f"ServiceConfig: {'; '.join(said)}", DeprecationWarning, stacklevel=2)
+        path = data.get("chunk_path") or {}
+        base = path.model_dump() if isinstance(path, ChunkPathConfig) else dict(path)
+        data["chunk_path"] = {**base, **moved}
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        """The deprecated flat keys read through to `chunk_path`, in their former units (one release)."""
+        if name in DEPRECATED_CHUNK_KEYS:
+            new, scale = DEPRECATED_CHUNK_KEYS[name]
+            value = getattr(self.chunk_path, new)
+            return value * scale if scale != 1 and value is not None else value
+        return super().__getattr__(name)  # type: ignore[misc]
 
     @model_validator(mode="after")
     def _check(self) -> ServiceConfig:
