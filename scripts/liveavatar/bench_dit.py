@@ -1,0 +1,124 @@
+"""LiveAvatar's DiT per block on one GPU: the whole model and one tensor-parallel rank's share (2, 4 ranks), bf16
+and FP8, in its streaming loop's steady state (the rolling cache full), with the FLOP floor beside each time.
+
+    python scripts/liveavatar/bench_dit.py --shards 1,2,4 --precisions bf16,fp8 --out result.json
+
+Random weights (speed does not depend on them). A rank's share is its heads and MLP columns without the
+collectives; those are modelled from measured NCCL figures elsewhere (docs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+from characters.families.liveavatar import LiveAvatarDiT, LiveAvatarDiTConfig, LiveAvatarLoopConfig, LiveAvatarStream
+from characters.families.liveavatar.layers import to_fp8_
+
+FP8_SKIP = ("text_embedding", "time_embedding", "time_projection", "head", "casual_audio_encoder")  # theirs
+
+
+def block_flops(cfg: LiveAvatarDiTConfig, loop: LiveAvatarLoopConfig, shard: int) -> float:
+    """Matmul FLOPs of one block (all steps) on one rank in the steady state."""
+    t, d, f = loop.block_tokens, cfg.dim, cfg.ffn_dim
+    keys = loop.cache_slots + int(2.5 * loop.tokens_per_frame)
+    per_layer = 2 * t * (4 * d * d + 2 * d * d + 2 * d * f) / shard  # self q,k,v,o + cross q,o + mlp
+    per_layer += 4 * t * keys * d / shard + 4 * t * cfg.text_len * d / shard  # self + text attention
+    inject = len(cfg.audio_inject_layers) * (2 * t * 2 * d * d / shard + 2 * t * d * 2 * d)
+    return loop.steps * (cfg.num_layers * per_layer + inject)
+
+
+def build(cfg: LiveAvatarDiTConfig, shard: int, precision: str) -> LiveAvatarDiT:
+    with torch.device("meta"):
+        model = LiveAvatarDiT(cfg, shard)
+    model = model.to_empty(device="cuda").to(torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5 if p.dim() == 2 else 0.02, generator=gen)
+            else:
+                p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.02)
+    model.casual_audio_encoder.float()  # theirs runs under float32 autocast
+    if precision == "fp8":
+        to_fp8_(model, FP8_SKIP)
+    return model.eval()
+
+
+def run(shard: int, precision: str, blocks: int) -> dict:
+    cfg, loop = LiveAvatarDiTConfig(), LiveAvatarLoopConfig()
+    h, w = loop.latent_hw
+    torch.cuda.reset_peak_memory_stats()
+    model = build(cfg, shard, precision)
+    stream = LiveAvatarStream(model, loop, random.Random(0))
+    dev = "cuda"
+    ref, motion = torch.randn(16, 1, h, w, device=dev), torch.randn(16, 19, h, w, device=dev)
+    text = torch.randn(40, cfg.text_dim, device=dev)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    stream.start(ref, motion, text)
+    first = stream.block(torch.randn(16, 3, h, w, device=dev), torch.randn(1, 25, 1024, 12, device=dev))
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    del first
+    times = []
+    for b in range(blocks):
+        noise, audio = torch.randn(16, 3, h, w, device=dev), torch.randn(1, 25, 1024, 12, device=dev)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        out = stream.block(noise, audio)
+        e.record()
+        torch.cuda.synchronize()
+        if b >= loop.blocks_per_clip:  # steady state: the rolling cache is full
+            times.append(s.elapsed_time(e))
+    assert torch.isfinite(out).all(), "non-finite latents"
+    flops = block_flops(cfg, loop, shard)
+    peak = 989e12 if precision == "bf16" else 1979e12  # H100 SXM dense datasheet; H200 the same
+    ms = statistics.median(times)
+    return {"shard": shard, "precision": precision, "block_ms_p50": round(ms, 2), "block_ms_min": round(min(times), 2),
+            "blocks_timed": len(times), "block_playback_ms": loop.block_seconds * 1000,
+            "tflop_per_block": round(flops / 1e12, 1), "achieved_tflops": round(flops / ms / 1e9, 1),
+            "floor_ms_datasheet": round(flops / peak * 1000, 1), "start_plus_first_block_s": round(first_s, 3),
+            "peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1), "tokens_per_block": loop.block_tokens,
+            "cache_slots": loop.cache_slots, "size": f"{loop.height}x{loop.width}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--shards", default="1,2,4")
+    ap.add_argument("--precisions", default="bf16,fp8")
+    ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = []
+    for shard in [int(s) for s in args.shards.split(",")]:
+        for precision in args.precisions.split(","):
+            try:
+                row = run(shard, precision, args.blocks)
+            except torch.OutOfMemoryError as err:
+                row = {"shard": shard, "precision": precision, "error": f"out of memory: {str(err)[:160]}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            torch.cuda.empty_cache()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+              "command": "python scripts/liveavatar/bench_dit.py " + " ".join(
+                  f"--{k} {v}" for k, v in vars(args).items() if v is not None and k != "out")}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"{'ranks':>5} {'prec':>5} {'block ms':>9} {'floor ms':>9} {'TFLOP/s':>8} {'peak GB':>8}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shard']:>5} {r['precision']:>5} {r['error'][:60]}")
+        else:
+            print(f"{r['shard']:>5} {r['precision']:>5} {r['block_ms_p50']:>9} {r['floor_ms_datasheet']:>9} "
+                  f"{r['achieved_tflops']:>8} {r['peak_gb']:>8}")
+
+
+if __name__ == "__main__":
+    main()
