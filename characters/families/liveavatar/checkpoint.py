@@ -122,7 +122,7 @@ def load_liveavatar(model: nn.Module, root: Path | str, lora: Path | str | None 
                     raise CheckpointError(f"LoRA for {module!r}: A {tuple(a.shape)} / B {tuple(b.shape)} do not fit "
                                           f"the weight {tuple(value.shape)}")
                 value = value + (LORA_ALPHA / a.shape[0]) * (b.float() @ a.float())
-            target.copy_(value.to(target.dtype if target.dtype != torch.float32 else dtype))
+            target.copy_(value)
             seen += 1
     if merges:
         raise CheckpointError(f"LoRA modules left unmerged: {sorted(merges)[:5]}")
