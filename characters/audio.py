@@ -229,6 +229,30 @@ def _check_finite(samples: np.ndarray, what: str) -> None:
         raise MediaError(f"audio {what} contains NaN or infinite samples; re-export it as ordinary PCM")
 
 
+AGENT_RATE_RANGE = (8000, 48000)  # agent audio accepted at any ingress (HTTP, gRPC, LiveKit byte streams), Hz
+AGENT_MAX_CHANNELS = 2
+
+
+class PcmFormatError(ValueError):
+    """Agent audio in a format no ingress takes: `field` (sample_rate, channels, pcm) and what of it is wrong."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field} {detail}")
+        self.field, self.detail = field, detail
+
+
+def check_agent_pcm(nbytes: int, sample_rate: int, channels: int) -> None:
+    """The one check of agent audio (16-bit PCM, interleaved), at whichever ingress it arrives."""
+    lo, hi = AGENT_RATE_RANGE
+    if not lo <= sample_rate <= hi:
+        raise PcmFormatError("sample_rate", f"is {sample_rate}; send PCM at {lo}..{hi} Hz")
+    if not 1 <= channels <= AGENT_MAX_CHANNELS:
+        raise PcmFormatError("channels", f"is {channels}; send mono (1) or stereo (2)")
+    if nbytes % (2 * channels):
+        raise PcmFormatError("pcm", f"is {nbytes} bytes, not whole 16-bit frames of {channels} channel(s) "
+                                    f"({2 * channels} bytes each); send signed 16-bit little-endian PCM")
+
+
 class PcmConverter:
     """Interleaved float32 PCM at any rate and channel count -> float32 mono 16 kHz, piece by piece.
 

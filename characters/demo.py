@@ -5,7 +5,7 @@ is ready, chunk k is due one chunk-duration after chunk k-1, and a chunk that is
 is *late*: its frames still play, the playout clock slips by the lateness (the viewer sees a freeze
 of that length), and the late count goes up. Without `realtime`, chunks are made as fast as they can.
 
-The engine's two stages run through `characters.cpu.StagePipeline`: with two or more cores the DiT of
+The engine's two stages run through `characters.stages.StagePipeline`: with two or more cores the DiT of
 chunk k+1 runs beside the decode of chunk k (one intra-op thread each, the topology's fields), never
 further ahead. With `realtime`, a calibration on a few chunks of silence says first whether this machine,
 as loaded now, keeps up (`on_calibration`; the CLI prints it, and warns when it is too slow).
@@ -23,9 +23,10 @@ import numpy as np
 
 from characters.audio import SAMPLE_AUDIO, load_audio
 from characters.config import SessionConfig
-from characters.cpu import Calibration, StagePipeline, calibrate, freeze_heap
 from characters.engine import CharacterEngine
+from characters.host import freeze_heap
 from characters.media import SAMPLE_IMAGE, Mp4Writer, load_image
+from characters.stages import Calibration, StagePipeline, calibrate
 
 
 @dataclass
@@ -63,7 +64,7 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
     """`overlap`: run the DiT of chunk k+1 beside the decode of chunk k (default: when 2+ cores are ours).
     `on_calibration` hears the calibration (realtime runs only) before the session starts. `settle`: this
     process is the demo's own; once warm, take what it built out of the garbage collector's reach
-    (`characters.cpu.freeze_heap`)."""
+    (`characters.host.freeze_heap`)."""
     m = cfg.model
     g = m.generation
     picture = load_image(image or SAMPLE_IMAGE, g.height, g.width)

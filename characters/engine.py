@@ -33,7 +33,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def cpu_matmul(choice: str) -> Literal["float32", "bfloat16"]:
     """`TopologyConfig.cpu_matmul` on this CPU: 'auto' is bfloat16 where it multiplies bf16 in hardware."""
-    from characters.cpu import cpu_flags
+    from characters.host import cpu_flags
 
     if choice == "auto":
         return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags()) else "float32"

@@ -132,16 +132,15 @@ class ActorScheduler:
         return await self._call("capacity")
 
     async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
-        """To the session's own actor (`SessionScheduler.audio_route`, asked once per session), not through the
-        scheduler; held by the scheduler only until the session runs. Validated by the frontend."""
-        route = self._routes.get(session_id) or await self._call("audio_route", session_id)
+        """To the session's own actor, not through the scheduler: the scheduler takes a session's audio only until
+        its answer names that actor (it holds audio of a session not yet running). Validated by the frontend."""
+        route = self._routes.get(session_id)
         if route is None:
-            await self._call("push_audio", session_id, pcm, sample_rate, channels)
+            if (route := await self._call("push_audio", session_id, pcm, sample_rate, channels)) is not None:
+                self._routes[session_id] = route
+                while len(self._routes) > AUDIO_ROUTES_KEPT:
+                    self._routes.popitem(last=False)
             return
-        self._routes[session_id] = route
-        self._routes.move_to_end(session_id)
-        while len(self._routes) > AUDIO_ROUTES_KEPT:
-            self._routes.popitem(last=False)
         try:  # (the actor drops audio naming a session it no longer runs)
             await route.push_audio.remote(session_id, pcm, sample_rate, channels)
         except RayActorError:  # the slot is gone: the session is ending, its run reports how

@@ -19,6 +19,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Protocol, cast
 
+from characters.audio import PcmFormatError, check_agent_pcm
 from deployments.api.auth import Caller
 from deployments.api.avatars import AvatarRegistry
 from deployments.api.errors import ApiError, ErrorCode
@@ -155,19 +156,16 @@ class SessionFrontend:
         return await self._call(self.scheduler.capacity())
 
     async def push_audio(self, session_id: str, caller: Caller, pcm: bytes, sample_rate: int, channels: int) -> None:
-        if not 8000 <= sample_rate <= 48000:
-            raise ApiError(422, ErrorCode.INVALID_FIELD, f"is {sample_rate}; send PCM at 8000..48000 Hz",
-                           "sample_rate")
-        if channels not in (1, 2):
-            raise ApiError(422, ErrorCode.INVALID_FIELD, f"is {channels}; send mono (1) or stereo (2)", "channels")
+        """Validated here, once (`characters.audio.check_agent_pcm`); the scheduler's adapter sends it to the
+        session's own actor (`deployments.api.app.ActorScheduler.push_audio`)."""
+        try:
+            check_agent_pcm(len(pcm), sample_rate, channels)
+        except PcmFormatError as err:
+            raise ApiError(422, ErrorCode.INVALID_FIELD, err.detail, err.field) from err
         if len(pcm) > self.config.max_audio_chunk_bytes:
             raise ApiError(422, ErrorCode.INVALID_FIELD,
                            f"is {len(pcm)} bytes, over the limit of {self.config.max_audio_chunk_bytes}; "
                            "send smaller chunks (e.g. 20-100 ms each)", "pcm")
-        if len(pcm) % (2 * channels):
-            raise ApiError(422, ErrorCode.INVALID_FIELD,
-                           f"is {len(pcm)} bytes, not whole 16-bit frames of {channels} channel(s) "
-                           f"({2 * channels} bytes each); send signed 16-bit little-endian PCM", "pcm")
         await self.check_owner(session_id, caller)
         await self._call(self.scheduler.push_audio(session_id, pcm, sample_rate, channels))
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from characters.audio import PcmConverter, pcm16_to_float
+from characters.audio import AGENT_MAX_CHANNELS, AGENT_RATE_RANGE, PcmConverter, pcm16_to_float
 from characters.pacing import to_int16
 
 AUDIO_STREAM_TOPIC = "lk.audio_stream"
@@ -34,8 +34,8 @@ RPC_PLAYBACK_FINISHED = "lk.playback_finished"
 RPC_PLAYBACK_STARTED = "lk.playback_started"
 END_CALL = "END_CALL"
 SAMPLE_RATE = 16000
-RATE_RANGE = (8000, 48000)
-MAX_CHANNELS = 2
+RATE_RANGE = AGENT_RATE_RANGE  # (the limits of every ingress: characters.audio.check_agent_pcm)
+MAX_CHANNELS = AGENT_MAX_CHANNELS
 
 
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")

@@ -243,12 +243,3 @@ class ActorCallPipeline:
     def close(self) -> bool:
         self.refs.clear()
         return True
-
-
-def __getattr__(name: str) -> object:
-    """`run_chunk_loop` and `LoopResult` moved to `deployments.pipeline.loop` (kept here for one release)."""
-    if name in ("run_chunk_loop", "LoopResult"):
-        from deployments.pipeline import loop
-
-        return getattr(loop, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

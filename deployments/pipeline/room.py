@@ -19,7 +19,7 @@ import numpy as np
 
 from characters.chunk_policy import ChunkPathConfig
 from characters.config import SessionConfig
-from characters.cpu import freeze_heap
+from characters.host import freeze_heap
 from characters.media import Mp4Writer
 from characters.pacing import SegmentEvent, speech_prefix
 from characters.telemetry import StageTime
@@ -322,7 +322,7 @@ class RoomWorker:
 
     def settle(self) -> None:
         """Import what a LiveKit session uses, then take what this process built out of the garbage collector's
-        reach (`characters.cpu.freeze_heap`): nothing of a session yet, so nothing of one is frozen."""
+        reach (`characters.host.freeze_heap`): nothing of a session yet, so nothing of one is frozen."""
         try:
             import deployments.livekit.publisher
             import deployments.livekit.sink  # noqa: F401  # with the LiveKit SDK and its FFI bindings

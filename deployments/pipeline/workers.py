@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from characters.config import SessionConfig
-from characters.cpu import freeze_heap, prioritize, prioritize_thread
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
+from characters.host import freeze_heap, prioritize, prioritize_thread
 from characters.process_group import free_port, join
 from characters.telemetry import StageTime
 from deployments.pipeline.handoff import REFERENCE, Latents, pack, unpack
@@ -189,7 +189,7 @@ class DiTWorker:
         return dict(self.timer.seconds)
 
     def settle(self) -> None:
-        """Warm: take what this process built out of the garbage collector's reach (`characters.cpu.freeze_heap`)."""
+        """Warm: take what this process built out of the garbage collector's reach (`characters.host.freeze_heap`)."""
         freeze_heap(f"DiT rank {self.rank}")
 
     def start(self, session_id: str, reference: Latents, seed: int) -> None:
@@ -336,7 +336,7 @@ class DecoderWorker:
         return dict(self.timer.seconds)
 
     def settle(self) -> None:
-        """Warm: take what this process built out of the garbage collector's reach (`characters.cpu.freeze_heap`)."""
+        """Warm: take what this process built out of the garbage collector's reach (`characters.host.freeze_heap`)."""
         freeze_heap("decoder")
 
     def encode_reference(self, session_id: str, image: np.ndarray) -> Latents:

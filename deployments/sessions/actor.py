@@ -17,7 +17,7 @@ from ray.exceptions import RayError
 
 from characters.audio import convert_pcm, pcm16_to_float
 from characters.config import SessionConfig
-from characters.cpu import freeze_heap
+from characters.host import freeze_heap
 from deployments import telemetry
 from deployments.pipeline.graph import (
     ActorCallPipeline,
@@ -77,7 +77,7 @@ class SessionActor:
 
     async def warm_up(self) -> None:
         """Compile the slot's chunk graph (the last stage of building the slot: no session waits for it), then take
-        what this process built out of the garbage collector's reach (`characters.cpu.freeze_heap`)."""
+        what this process built out of the garbage collector's reach (`characters.host.freeze_heap`)."""
         await asyncio.to_thread(self._slot_pipeline)
         freeze_heap("session actor")
 

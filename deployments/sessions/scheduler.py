@@ -244,31 +244,23 @@ class SessionScheduler:
                         sessions_running=running, queued=len(self.queue),
                         warm_slots_free=self.slots.counts()["free"])
 
-    async def audio_route(self, session_id: str) -> Any | None:
-        """The actor agent audio for `session_id` goes to (its slot's SessionActor), once the session runs there;
-        None before (its audio is then held here: `push_audio`) and after it ended. The ingress asks once per
-        session and sends the audio itself: data-plane traffic stays off this actor."""
-        await self._start()
-        sess = self.book.get(session_id)
-        return None if sess.terminal else sess.actor
-
-    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> None:
-        """Audio for a session without an actor yet is held until it starts (`audio_route` is None); otherwise
-        forwarded (the former path, kept for one release). Validated by the ingress
-        (`characters.audio.check_agent_pcm`), not here."""
+    async def push_audio(self, session_id: str, pcm: bytes, sample_rate: int, channels: int) -> Any | None:
+        """Held until the session runs, else forwarded; returns the session's actor (None before it runs), to which
+        the ingress sends the session's further audio itself. Validated at the ingress (characters.audio)."""
         await self._start()
         sess = self.book.get(session_id)
         if sess.terminal:
-            return
+            return None
         if sess.actor is None:
             held = sum(len(p) for p, _, _ in sess.pending_audio) + len(pcm)
             if held > PENDING_AUDIO_MAX_BYTES:
                 raise ValueError(f"session {session_id!r} is {sess.info.status} and already holds {held} bytes of "
                                  f"audio (limit {PENDING_AUDIO_MAX_BYTES}); wait until it is RUNNING")
             sess.pending_audio.append((pcm, sample_rate, channels))
-            return
+            return None
         with contextlib.suppress(ray.exceptions.RayActorError):  # ending: its run reports the end
             await sess.actor.push_audio.remote(session_id, pcm, sample_rate, channels)
+        return sess.actor
 
     async def clear_audio(self, session_id: str) -> None:
         sess = self.book.get(session_id)

@@ -273,7 +273,7 @@ def test_a_refused_priority_leaves_the_worker_as_it_was(monkeypatch: pytest.Monk
 
 def test_bf16_linear_layers_match_float32_and_auto_picks_them_only_with_bf16_hardware(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import characters.cpu as cpu_mod
+    import characters.host as cpu_mod
     from characters.config import TOPOLOGIES
     from characters.engine import DiTRunner, cpu_matmul
     from characters.tp import ParallelLinear
