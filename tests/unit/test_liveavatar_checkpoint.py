@@ -96,3 +96,15 @@ def test_stream_rolls_its_cache_and_keeps_static_shapes() -> None:
     changed = (snapshots[-1] != snapshots[-2]).any(dim=(0, 2, 3))
     assert changed[:t].all() and not changed[t:].any()
     assert stream.layers[0].k[0].shape == (1, loop.cache_slots, SMALL.num_heads, SMALL.head_dim)
+
+
+def test_every_preset_has_one_family() -> None:
+    from characters.config import MODEL_PRESETS
+    from characters.families import FAMILIES, family_of
+
+    assert all(family_of(p).name == "reference" for p in MODEL_PRESETS)
+    assert family_of("liveavatar-14b").module == "characters.families.liveavatar"
+    presets = [p for f in FAMILIES.values() for p in f.presets]
+    assert len(presets) == len(set(presets))
+    with pytest.raises(ValueError, match="belongs to no model family"):
+        family_of("sora")
