@@ -15,6 +15,9 @@ turns them into the one frozen config that the scheduler, its slots and its sess
     CHARACTERS_OUTPUT_DIR            where "file" outputs are written
     CHARACTERS_PLACEMENT_TIMEOUT_S   wait for a placement group before removing it
     CHARACTERS_WORKER_TIMEOUT_S      wait for a worker stage (load weights, warm up) before failing the slot
+    CHARACTERS_DATA_DIR              directory of the embedded SQLite database (avatars, sessions, usage); created
+                                     on first run; `characters serve` defaults it to ~/.local/share/characters
+    CHARACTERS_DATABASE_URL          the service's database by URL instead (postgresql+psycopg://...; never logged)
     GLOO_SOCKET_IFNAME               interface gloo binds for CPU tensor parallelism (lo: loopback only)
     CHARACTERS_REALTIME_NICE         nice value the chunk path's workers ask for (DiT, decoder, room, session actor;
                                      default -10; below 0 needs CAP_SYS_NICE, else they keep Ray's worker niceness)

@@ -70,6 +70,7 @@ class SessionBook:
         self.records = records
         self.gpus = 0  # GPUs of one session's bundle (its records' GPU-seconds), known once the scheduler starts
         self._beat = 0.0  # when the live sessions' heartbeat was last written (monotonic)
+        self._admitted: dict[str, float] = {}  # live session id -> when it was given a slot (its GPU time's start)
 
     def new(self, spec: SessionSpec, status: SessionStatus, admission: Admission | None = None,
             **fields: Any) -> SessionRecord:
@@ -110,6 +111,8 @@ class SessionBook:
             return None
 
     def save(self, sess: SessionRecord) -> None:
+        if sess.info.status in (SessionStatus.STARTING, SessionStatus.READY, SessionStatus.RUNNING):
+            self._admitted.setdefault(sess.info.id, time.time())
         if self.records is not None:
             records = self.records
             self._stored("write", lambda: records.save(sess.info, self.gpus, time.time()))
@@ -129,8 +132,11 @@ class SessionBook:
             return []
         records, keep = self.records, [s.info.id for s in self.live()]
         ended: list[SessionInfo] = self._stored("restore", lambda: records.restarted(keep)) or []
-        for info in ended:
+        for info in ended:  # their GPU time is in the database only (when they were admitted died with the service)
             self.tele.ended(info.status.value, info.reason or "")
+            assert info.ended_at is not None
+            self.tele.usage(info.owner, info.preset, max(0.0, info.ended_at - (info.started_at or info.ended_at)),
+                            0.0, info.started_at is not None)
         return ended
 
     def live(self) -> list[SessionRecord]:
@@ -173,6 +179,10 @@ class SessionBook:
         self.tele.decided(sess.admission, "expired" if reason.startswith("queue_timeout") else
                           "failed" if status is SessionStatus.FAILED else "ended")
         self.tele.ended(status.value, reason)
+        info, admitted = sess.info, self._admitted.pop(sess.info.id, None)
+        assert info.ended_at is not None
+        self.tele.usage(info.owner, info.preset, max(0.0, info.ended_at - (info.started_at or info.ended_at)),
+                        max(0.0, info.ended_at - (admitted or info.ended_at)) * self.gpus, info.started_at is not None)
         ended = [s for s in self.sessions.values() if s.terminal]
         for old in ended[: max(0, len(ended) - self.ended_max)]:
             del self.sessions[old.info.id]

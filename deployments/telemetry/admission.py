@@ -144,6 +144,14 @@ class SchedulerTelemetry:
             code = reason.split(":", 1)[0].strip()[:64] or "unknown"
             self._m[N.SESSIONS_ENDED.name].record(1, {N.SESSION_STATUS: status, N.END_REASON: code})
 
+    def usage(self, tenant: str | None, preset: str, streamed_s: float, gpu_s: float, started: bool) -> None:
+        """An ended session's usage (the figures of `deployments.store.usage`), by tenant and preset."""
+        if self.tel.metrics:
+            attrs = {N.TENANT: tenant or "-", N.PRESET: preset}
+            self._m[N.USAGE_STREAMED.name].record(streamed_s, attrs)
+            self._m[N.USAGE_GPU.name].record(gpu_s, attrs)
+            self._m[N.USAGE_STARTED.name].record(int(started), attrs)
+
     def snapshot(self, *, statuses: Iterable[str], queue_len: int, bundles_free: int, bundles_used: int,
                  slot_states: Iterable[str], leaked_pgs: int | None, nodes: Mapping[str, int] | None = None,
                  demand: int = 0) -> None:

@@ -73,6 +73,7 @@ ADMISSION_WAIT_S = "characters.admission.wait_s"
 WARM_START = "characters.session.warm_start"
 SESSION_STATUS = "characters.session.status"  # a SessionStatus value
 END_REASON = "characters.session.end_reason"  # machine-readable code: deleted, max_duration, actor_died, ...
+TENANT = "characters.tenant"  # the API key id that made the session (never the key); "-" with keys off
 SESSION_CHUNKS = "characters.session.chunks"
 SESSION_LATE_CHUNKS = "characters.session.late_chunks"
 SESSION_DURATION_S = "characters.session.duration_s"
@@ -155,6 +156,15 @@ LEAKED_PGS = MetricSpec("characters.placement_groups.leaked", "gauge", "{group}"
 SESSIONS_ENDED = MetricSpec("characters.sessions.ended", "counter", "{session}", "Sessions that reached ENDED or "
                             "FAILED, by reason code", "characters_sessions_ended_total",
                             (SESSION_STATUS, END_REASON))
+USAGE_STREAMED = MetricSpec("characters.usage.streamed", "counter", "s", "Seconds streamed (first chunk out -> end) "
+                            "by ended sessions, by tenant and preset", "characters_usage_streamed_seconds_total",
+                            (TENANT, PRESET))
+USAGE_GPU = MetricSpec("characters.usage.gpu_time", "counter", "s", "GPU-seconds held (slot given -> end, times the "
+                       "bundle's GPUs) by ended sessions, by tenant and preset", "characters_usage_gpu_seconds_total",
+                       (TENANT, PRESET))
+USAGE_STARTED = MetricSpec("characters.usage.sessions_started", "counter", "{session}", "Ended sessions that put out "
+                           "a first chunk, by tenant and preset", "characters_usage_sessions_started_total",
+                           (TENANT, PRESET))
 NODES = MetricSpec("characters.nodes", "gauge", "{node}", "Nodes as the scheduler sees them, by state (live: "
                    "slots may be built there)", "characters_nodes", (NODE_STATE,))
 NODE_CHANGES = MetricSpec("characters.node.changes", "counter", "{change}", "Nodes that joined, started draining "
@@ -172,4 +182,5 @@ WORKER_STAGE_DURATION = MetricSpec(
 
 METRICS = (CHUNK_STAGE_DURATION, CHUNK_LATENCY, CHUNKS, LATE_CHUNKS, SESSION_FPS, SESSION_BUFFER, SESSION_AV_OFFSET,
            ADMISSION_WAIT, QUEUE_LENGTH, BUNDLES_FREE, BUNDLES_USED, SESSIONS, SLOTS, LEAKED_PGS, SESSIONS_ENDED,
-           NODES, NODE_CHANGES, NODE_SESSIONS_LOST, AUTOSCALER_DEMAND, WORKER_STAGE_DURATION)
+           NODES, NODE_CHANGES, NODE_SESSIONS_LOST, AUTOSCALER_DEMAND, WORKER_STAGE_DURATION, USAGE_STREAMED, USAGE_GPU,
+           USAGE_STARTED)
