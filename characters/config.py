@@ -288,7 +288,7 @@ class TopologyConfig(_Frozen):
         default=1, ge=1, le=64,
         description="Intra-op threads of each DiT rank on a CPU. One: the DiT of chunk k+1 runs beside the decode of "
         "chunk k (serving's pipeline, `characters demo`'s two threads), one core each; a second thread per stage "
-        "costs CPU time for little wall time at the tiny preset's sizes (benchmarks/cpu_tiny.json).")
+        "costs CPU time for little wall time at the tiny preset's sizes (benchmarks/cpu/compute_tiny.json).")
     decoder_cpu_threads: int = Field(
         default=1, ge=1, le=64, description="Intra-op threads of the VAE decoder on a CPU (see dit_cpu_threads).")
     cpu_matmul: Literal["float32", "bfloat16", "auto"] = Field(

@@ -2,7 +2,7 @@
 `create_session` to the first published chunk for a cold slot and for a warm slot.
 
     python scripts/benchmarks/bench_admission.py                                   # tiny preset on CPU bundles
-    python scripts/benchmarks/bench_admission.py --repeats 5 --out benchmarks/admission_cpu.json
+    python scripts/benchmarks/bench_admission.py --repeats 5 --out benchmarks/cpu/admission.json
 
 Policy: `decide` + `commit` for one new request against fleets of N nodes (random free GPUs) with a
 queue of Q waiting requests that do not fit (each is re-checked: the worst case), timed over many
@@ -21,7 +21,6 @@ Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import statistics
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.config import TopologyConfig
 from placement import AdmissionQueue, NodeCapacity, Request, bundles_for, commit, decide
+from scripts.benchmarks import results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,7 +144,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="sessions per cold / warm case")
     p.add_argument("--cpus", type=int, default=8, help="logical CPUs of the local cluster")
     p.add_argument("--skip-cluster", action="store_true")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "admission_cpu.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "cpu" / "admission.json"))
     args = p.parse_args()
 
     policy = [bench_policy(n, q, args.iters) for n, q in ((1, 0), (8, 0), (64, 0), (64, 16), (256, 64))]
@@ -165,7 +165,7 @@ def main() -> None:
         ratio = cluster["cold"]["first_chunk_s_median"] / cluster["warm"]["first_chunk_s_median"]
         print(f"cold / warm time to first chunk: {ratio:.1f}x (one run, same machine)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    results.record(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -1,7 +1,7 @@
 """The DiT ranks' agreement to give an idle chunk up (`DiTWorker._agree`): one all-reduce of a flag over the ranks'
 host-side gloo group between two parts of the step (`topology.step_groups`), what it costs the host.
 
-    python scripts/benchmarks/bench_agree.py --ranks 2,3,4 --out benchmarks/agree_cpu.json
+    python scripts/benchmarks/bench_agree.py --ranks 2,3,4 --out benchmarks/cpu/agree.json
 
 Each rank is a process that joins as a DiT worker does (`characters.process_group.join`, then the `signals` group
 beside it) and calls the worker's own `_agree`. Per rank count:
@@ -19,7 +19,6 @@ Prints a table, writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -34,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.cpu import cpu_model
+from scripts.benchmarks import results
 
 YES_EVERY = 10  # one call in this many, one rank (in turn) was asked to give the chunk up
 
@@ -109,7 +109,7 @@ def main() -> None:
               "machine": {"platform": platform.platform(), "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0))},
               "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    results.record(args.out, result)
     print(f"{'ranks':>5} {'back to back p50 us':>20} {'p99':>8} {'max':>8} {'paced p50 us':>13} {'p99':>8} {'max':>8}"
           f" {'wrong':>6}")
     for r in rows:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels.attention import attention_ref
 from kernels.attention_cudnn_fp8 import CudnnFp8Graph, cudnn_handle
 from kernels.testing import rel_err
+from scripts.benchmarks import results
 from scripts.benchmarks.common import env_info
 
 E4M3 = torch.float8_e4m3fn
@@ -88,7 +88,7 @@ def main() -> None:
     p.add_argument("--heads", default="24,18", help="Hh per rank to try (72 / TP)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--all-plans", action="store_true", help="time every execution plan, not only the first")
-    p.add_argument("--out", default="benchmarks/attention_cudnn_fp8.json")
+    p.add_argument("--out", default=None, help="default: benchmarks/<this GPU>/attention_cudnn_fp8.json")
     args = p.parse_args()
     import cudnn  # the optional `cudnn` extra: nvidia-cudnn-frontend
 
@@ -160,8 +160,7 @@ def main() -> None:
     result = {"command": " ".join(["python", *sys.argv]), **info,
               "shapes": {"tq": tq, "keys": s, "head_dim": dh}, "floor_note": "tflops = 4*Tq*S*Dh*Hh / time",
               "rows": rows, "wall_s": time.perf_counter() - t0}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    results.record(args.out or results.default_path("attention_cudnn_fp8"), result)
     print(f"{'heads':>5} {'kv':>11} {'kernel':<40} {'ms':>7} {'TFLOP/s':>8} {'err/exact':>9} {'err/bf16':>9}")
     for r in rows:
         if "error" in r:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import statistics
@@ -48,6 +47,7 @@ from kernels.attention import (
     split_attention,
 )
 from kernels.testing import rel_err
+from scripts.benchmarks import results
 from scripts.benchmarks.common import device_ms, env_info, matmul_rate, sync, timed
 
 BLOCK_M = 128  # q rows per CTA assumed for the wave estimate
@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--sweep", default="2048,2304,2560,2816,2992,3072,3328,3584", help="Tq values at fixed S")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/attention_split.json")
+    p.add_argument("--out", default=None, help="default: benchmarks/<this GPU>/attention_split.json")
     p.add_argument("--device", default="cuda", help="cpu only to smoke-test the script (small shapes)")
     args = p.parse_args()
     dev, dt = torch.device(args.device), torch.bfloat16
@@ -163,8 +163,7 @@ def main() -> None:
               "matmul_tflops": rate / 1e12, "flops": flops, "floor_ms": flops / rate * 1e3,
               "ms": "device ms per call from CUDA-graph replays; eager_ms per plain call; medians",
               "rows": rows, "merge": merge, "sweep": sweep}  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    results.record(args.out or results.default_path("attention_split", args.device), result)
 
     print(f"merge alone (B={b}, Hh={hh}, Tq={t}, Dh={dh}):")
     for name, r in merge.items():

@@ -27,8 +27,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.process_group import join, leave
-from scripts.benchmarks.bench_tp import spawn_ranks
-from scripts.benchmarks.common import device_ms, env_info, timed
+from scripts.benchmarks import results
+from scripts.benchmarks.common import device_ms, env_info, spawn_ranks, timed
 
 
 def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
@@ -83,8 +83,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    out = Path(args.out or f"benchmarks/collectives_{args.ranks}_{args.device}.json")
-    r = spawn_ranks(rank_main, args, out)
+    out = Path(args.out or results.default_path(f"collectives_{args.ranks}_{args.device}", args.device))
+    r = spawn_ranks(rank_main, args)
+    results.record(out, r)
     print(f"{r['ranks']} ranks over {r['backend']}, {r['device']}, {r['tensor']}")
     print(f"{'op':<15} {'eager ms':>9} {'graph ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
     for name, row in r["ops"].items():

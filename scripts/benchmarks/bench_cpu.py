@@ -16,14 +16,13 @@ chunk's CPU time when every op runs on its caller's thread, i.e. with one intra-
 variant, the process's user + system time (`resource.getrusage`) over each chunk's turn, which also counts
 intra-op worker threads. Wall time beside it. `--decoders conv` adds the decoder of the previous `tiny`
 (full-resolution last stage; random weights: the time does not depend on them) in the same run, for the
-ratio. p50 / p95 over >= 100 chunks; the JSON (default benchmarks/cpu_tiny.json) holds the CPU model,
+ratio. p50 / p95 over >= 100 chunks; the JSON (default benchmarks/cpu/compute_tiny.json) holds the CPU model,
 cores, flags, load average before and after, torch version and the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -43,6 +42,7 @@ from characters.config import TOPOLOGIES, session_config  # noqa: E402
 from characters.cpu import StagePipeline, cores, cpu_flags, cpu_model, load_average  # noqa: E402
 from characters.engine import CharacterEngine, DecoderRunner  # noqa: E402
 from characters.media import SAMPLE_IMAGE, load_image  # noqa: E402
+from scripts.benchmarks import results  # noqa: E402
 
 VARIANTS = {"overlap": (True, 1), "sequential": (False, 1), "sequential_2threads": (False, 2)}
 
@@ -116,7 +116,7 @@ def main() -> None:
     p.add_argument("--decoders", default="conv", help="also time these decoder_output kinds alone ('' for none)")
     p.add_argument("--cpu-matmul", default="auto", help="comma list of TopologyConfig.cpu_matmul to run each variant "
                    "with (auto: bfloat16 where the CPU has bf16 dot products); rows are named variant/<resolved>")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "cpu_tiny.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "cpu" / "compute_tiny.json"))
     args = p.parse_args()
     load_before = load_average()
     cfg = session_config("tiny", "cpu")
@@ -147,7 +147,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     print(f"tiny on {result['cpu_model']}, {result['cores']} cores, load average {load_before} -> "
           f"{result['load_average_after']}")
     print(f"{'variant':<28} {'CPU ms p50':>10} {'p95':>7} {'process p50':>11} {'p95':>7} {'wall p50':>9} {'p95':>7}"

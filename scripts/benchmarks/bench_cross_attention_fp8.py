@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.dit import ElementwiseOps
 from kernels.cross_attention_fp8 import BLOCK_T, NUM_WARPS, cross_attention_fp8_ref, cross_attention_fp8_triton
+from scripts.benchmarks import results
 from scripts.benchmarks.bench_row_quant import graph_us
 
 SHAPES: list[tuple[int, int, int, int, int, int]] = [(1, 1, 2992, 8, 24, 128), (1, 1, 2992, 8, 18, 128)]
@@ -82,7 +82,7 @@ def probe(b: int, nf: int, n: int, a: int, hh: int, dh: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/h200/cross_attention_fp8.json"))
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/<this GPU>/cross_attention_fp8.json")
     args = ap.parse_args()
     rows = [probe(*shape) for shape in SHAPES]
     for r in rows:
@@ -96,11 +96,11 @@ def main() -> None:
         for c in sorted(r["fused"], key=lambda c: c["us"]):
             print(f"{c['block_t']:>8}{c['num_warps']:>7}{c['us']:>9.1f}"
                   f"{c['us'] / r['floor_us']:>9.2f}{c['max_err_over_row_amax']:>11.2e}{c['codes_differing']:>10.2e}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
-                                    "torch": torch.__version__, "triton": _triton_version(),
-                                    "unit": "us per call, in a CUDA graph", "rows": rows}, indent=1))
-    print(f"-> {args.out}")
+    out = args.out or results.default_path("cross_attention_fp8")
+    results.record(out, {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
+                         "torch": torch.__version__, "triton": _triton_version(),
+                         "unit": "us per call, in a CUDA graph", "rows": rows})
+    print(f"-> {out}")
 
 
 def _triton_version() -> str:

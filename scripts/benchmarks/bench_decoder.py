@@ -20,7 +20,6 @@ chunk's (`first_frame` in the JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from characters.config import session_config
 from characters.engine import DecoderRunner
 from characters.vae import decoder_flops_per_chunk
+from scripts.benchmarks import results
 from scripts.benchmarks.common import env_info, matmul_rate, timed
 
 
@@ -104,7 +104,7 @@ def isolated(name: str, args: argparse.Namespace) -> float:
         cmd = [sys.executable, __file__, "--preset", args.preset, "--device", args.device, "--iters", str(args.iters),
                "--warmup", str(args.warmup), "--variants", name, "--out", str(out)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        return float(json.loads(out.read_text())["ms"][name])
+        return float(results.latest(out)["ms"][name])
 
 
 def top_kernels(fn: Callable[[], object], device: torch.device, steps: int = 3) -> dict[str, float]:
@@ -176,7 +176,7 @@ def main() -> None:
                 subprocess.run([sys.executable, __file__, "--preset", args.preset, "--device", args.device,
                                 "--iters", str(args.iters), "--warmup", str(args.warmup), "--variants", "none",
                                 "--split-only", "--out", str(out_one)], check=True, stdout=subprocess.DEVNULL)
-                split = json.loads(out_one.read_text())["first_frame"]
+                split = results.latest(out_one)["first_frame"]
         else:
             split = first_frame("float32", device, False, args.preset, args.iters, args.warmup, windows=True)
     if args.split_only:
@@ -190,9 +190,9 @@ def main() -> None:
               "floor_ms": floor, "ms": rows, "target_ms": 60.0,
               **({f"top_kernels_ms_{profiled}": kernels} if kernels else {}),
               **({"first_frame": split} if split else {})}
-    out = Path(args.out or f"benchmarks/decoder_{args.preset}_{device.type}.json")
+    out = Path(args.out or results.default_path(f"decoder_{args.preset}", device.type))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     print(f"decoder {args.preset} {result['resolution']}, {flops / 1e9:.0f} GFLOP/chunk, {result['device']}")
     print(f"{'variant':<28} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6}")
     for name, ms in rows.items():

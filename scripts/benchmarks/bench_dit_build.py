@@ -34,6 +34,7 @@ from characters.cpu import cpu_model  # noqa: E402
 from characters.dit import CausalDiT  # noqa: E402
 from characters.tp import apply_tensor_parallel  # noqa: E402
 from characters.weights import init_weights, materialize_dit  # noqa: E402
+from scripts.benchmarks import results  # noqa: E402
 from scripts.benchmarks.common import rank_config  # noqa: E402
 
 BUILDS = ("whole", "blocks")
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['bf16_share_gb']:11.2f} {r['block_bf16_gb']:11.3f} {r['build_s']:8.1f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        results.record(args.out, out)
         print(f"wrote {args.out}")
     return 0
 

@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from characters.config import session_config  # noqa: E402
 from characters.engine import DiTRunner  # noqa: E402
 from characters.flops import chunk_cost  # noqa: E402
+from scripts.benchmarks import results  # noqa: E402
 from scripts.benchmarks.common import env_info, rank_config, timed  # noqa: E402
 
 
@@ -208,7 +209,7 @@ def cmd_steps(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.variant_timeout)
         if res.returncode == 0 and out.is_file():
-            rows.extend(json.loads(out.read_text())["rows"])
+            rows.extend(results.latest(out)["rows"])
             out.unlink()
         else:
             rows.append({"variant": variant, "error": (res.stdout + res.stderr)[-3000:],
@@ -433,7 +434,7 @@ def main() -> None:
               **part, "wall_s": time.perf_counter() - t0}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     if args.inline:
         return
     {"steps": print_steps, "attention": print_attention, "drift": print_drift, "lipsync": print_lipsync,

@@ -15,7 +15,6 @@ reports both per chunk (x layers x forwards). Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.config import model_preset
+from scripts.benchmarks import results
 from scripts.benchmarks.common import env_info, timed
 
 
@@ -85,9 +85,9 @@ def main() -> None:
         summary[str(n)] = {"ms_per_chunk_whole": whole, "ms_per_chunk_blocks": split, "overhead_ms": split - whole}
     result = {"command": " ".join(["python", *sys.argv]), **env_info(device), "preset": args.preset,
               "dtype": str(dtype), "layers_x_forwards": per_chunk, "rows": rows, "per_chunk": summary}
-    out = Path(args.out or f"benchmarks/gemm_split_{args.preset}_{device.type}.json")
+    out = Path(args.out or results.default_path(f"gemm_split_{args.preset}_{device.type}", device.type))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     print(f"{'ranks':>5} {'layer':<8} {'K':>6} {'N':>6} {'whole ms':>9} {'blocks ms':>9} "
           f"{'TF/s whole':>10} {'blocks':>7}")
     for r in rows:

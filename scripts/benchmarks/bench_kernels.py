@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import platform
 import statistics
 import sys
@@ -48,6 +47,7 @@ from kernels._triton import HAS_TRITON
 from kernels.norm_silu import bias_add_ref, bias_add_triton, norm_silu_ref, norm_silu_triton
 from kernels.testing import QKVPrepInputs, make_qkv_prep_inputs, rel_err
 from kernels.upsample import upsample_nearest_ref, upsample_nearest_triton
+from scripts.benchmarks import results
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 H200_HBM_BW = 4.3e12  # B/s: the measured-copy figure for an H200; used only when nothing can be measured
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        results.record(args.out, result)
         print(f"wrote {args.out}")
     return 0
 

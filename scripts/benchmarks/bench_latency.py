@@ -2,7 +2,7 @@
 
     python scripts/benchmarks/bench_latency.py                                   # the tiny model in-process (CPU)
     python scripts/benchmarks/bench_latency.py --generator synthetic --depth 2   # a stand-in with the pipeline's delay
-    python scripts/benchmarks/bench_latency.py --utterances 12 --out benchmarks/latency_cpu.json
+    python scripts/benchmarks/bench_latency.py --utterances 12 --out benchmarks/cpu/latency_synthetic.json
 
 Setup, all on loopback: a `livekit-server --dev` (scripts/setup/install_livekit.sh), the character's room
 (`LiveKitSink`, the path `RoomWorker` uses: its own loop thread), a chunk loop thread that takes chunk
@@ -52,6 +52,7 @@ from characters.pacing import SegmentEvent, to_int16
 from deployments.livekit import LiveKitOutput, LiveKitServer, LiveKitSink, MediaFormat, install_server
 from deployments.sessions.runner import AudioBuffer
 from deployments.settings import ServiceConfig
+from scripts.benchmarks import results
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO_SHARE_S = 0.49  # DESIGN.md section 1: the video pipeline's share of a 2.13 s median turn
@@ -295,7 +296,7 @@ def av_lag(video_t: list[float], motion: list[float], audio_t: list[float], rms:
     """How far the viewer's video lags its audio over one utterance heard from `heard` on: the lag (in frames,
     -max_lag..max_lag, as seconds) at which the frames' motion best correlates with the audio level at the
     same frame times. The mouth moves with the speech, so in sync this peaks at 0 or +1 frame (the model's
-    own lead, `benchmarks/lipsync_tiny.json`); a video behind its audio peaks later."""
+    own lead, `benchmarks/cpu/lipsync_tiny.json`); a video behind its audio peaks later."""
     vt, vm = np.asarray(video_t), np.asarray(motion)
     keep = (vt >= heard - 0.3) & (vt < heard + span_s)
     if keep.sum() < 2 * max_lag + 8 or not audio_t:
@@ -647,7 +648,9 @@ def main() -> None:
                     help="a uniform random share of this added to each pause (seeded: --seed): the agent's turns "
                          "come at any point of a chunk, not where the last playout ended (a chunk boundary); 0: off")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_cpu.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: benchmarks/cpu/latency_ray.json (--generator ray), benchmarks/cpu/"
+                         "latency_<generator>.json otherwise; a run is appended (scripts/benchmarks/results.py)")
     args = ap.parse_args()
     if args.generator == "ray":
         result = main_ray(args)
@@ -656,10 +659,9 @@ def main() -> None:
                              "loadavg_end": os.getloadavg()}
         result["command"] = " ".join(sys.argv)
         print_ray(result)
-        out = args.out if args.out != ROOT / "benchmarks" / "latency_cpu.json" else \
-            ROOT / "benchmarks" / "latency_cpu_ray.json"
+        out = args.out or ROOT / "benchmarks" / "cpu" / "latency_ray.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        results.record(out, result)
         print(f"wrote {out}")
         return
     with tempfile.TemporaryDirectory() as tmp, LiveKitServer(install_server(), Path(tmp)) as server:
@@ -678,9 +680,9 @@ def main() -> None:
           f"{result['fps_viewer']:.2f}; A/V offset |mean| "
           f"{result['av_offset_ms']['mean_abs']:.2f} ms, p95 {result['av_offset_ms']['p95_abs']:.2f} ms; late chunks "
           f"{result['late_chunks']} (stalled {result['stall_s']:.2f} s), slips {result['slips']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    out = args.out or ROOT / "benchmarks" / "cpu" / f"latency_{args.generator}.json"
+    results.record(out, result)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

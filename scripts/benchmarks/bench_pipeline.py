@@ -2,7 +2,7 @@
 
     python scripts/benchmarks/bench_pipeline.py                                    # tiny, 1 DiT rank + decoder, CPU
     python scripts/benchmarks/bench_pipeline.py --dit-ranks 2 --decoder-gpus 1 --seconds 20 \\
-        --out benchmarks/pipeline_cpu.json
+        --out benchmarks/cpu/pipeline.json
     python scripts/benchmarks/bench_pipeline.py --preset 57b --dit-ranks 3 --decoder-gpus 1 --sessions 2 \\
         --device cuda --layouts replicated,sp_none,sp_symm_mem --depths 2,1 --out "$OUT/pipeline_57b_3+1x2.json"
 
@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.benchmarks.results import record
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "replicated": {"sequence_parallel": False, "tp_overlap": "none"},
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{' '.join(cols)} {s['late_chunks']:>5}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        record(args.out, out)
         print(f"wrote {args.out}")
     return 0
 

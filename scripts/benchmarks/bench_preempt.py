@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.config import TOPOLOGIES, session_config
 from characters.engine import DiTRunner
+from scripts.benchmarks import results
 from scripts.benchmarks.common import rank_config, timed
 
 
@@ -100,7 +101,7 @@ def main() -> None:
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    results.record(args.out, result)
     print(f"{'groups':>7}{'parts':>6}{'step ms':>9}{'paced ms':>10}{'wait p50':>10}{'max':>8}{'whole p50':>10}")
     for r in rows:
         print(f"{r['groups']:>7}{r['parts'] or '-':>6}{r['step_ms']:>9.1f}{r['paced_ms']:>10.1f}"

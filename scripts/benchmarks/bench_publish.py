@@ -1,6 +1,6 @@
 """Benchmark: the room's publish call at a preset's resolution, into a real LiveKit room, as the chunk path makes it.
 
-    python scripts/benchmarks/bench_publish.py --preset 57b --seconds 20 --out benchmarks/publish_57b_cpu.json
+    python scripts/benchmarks/bench_publish.py --preset 57b --seconds 20 --out benchmarks/cpu/publish_57b.json
 
 A `RoomWorker` (the slot's room, without Ray) joins a room on a local `livekit-server --dev` and publishes chunks
 at the real pace: the sample face at the preset's resolution with a moving patch (the encoder has work), idle
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -40,6 +39,7 @@ from deployments.livekit import LiveKitOutput, LiveKitServer, install_server
 from deployments.pipeline.messages import ChunkInput, Frames
 from deployments.pipeline.room import RoomWorker
 from deployments.settings import ServiceConfig
+from scripts.benchmarks import results
 
 ROOT = Path(__file__).resolve().parents[2]
 CYCLE = 6  # chunks: 3 idle, then 3 of speech (the first an onset)
@@ -115,8 +115,7 @@ def main() -> None:
         watcher = threading.Thread(target=viewer, args=(server.url, token("viewer"), stop, seen), daemon=True)
         if not args.no_viewer:
             watcher.start()
-        room = RoomWorker(cfg, buffer_chunks=service.jitter_buffer_chunks, min_slack_ms=service.jitter_min_slack_ms,
-                          onset_slack_ms=service.onset_slack_ms, audio_lead_ms=service.audio_lead_ms)
+        room = RoomWorker(cfg, chunk_path=service.chunk_path)
         room.open("bench", LiveKitOutput(url=server.url, room_name="bench-publish", api_key=server.api_key,
                                          api_secret=server.api_secret))
         chunks = int(args.seconds / chunk_s)
@@ -167,7 +166,7 @@ def main() -> None:
         print(f"{name:<34}{row['p50'] or float('nan'):>8.2f}{row['p95'] or float('nan'):>8.2f}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        results.record(args.out, result)
         print(f"wrote {args.out}")
 
 

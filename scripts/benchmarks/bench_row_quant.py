@@ -12,7 +12,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.dit import ElementwiseOps
 from kernels.row_quant import Mode, row_quant_triton
+from scripts.benchmarks import results
 
 SHAPES: list[tuple[str, int, int]] = [("add_modulate", 998, 9216), ("gated_add_norm", 998, 9216),
                                       ("modulate", 998, 9216), ("gelu", 2992, 8192), ("add_modulate", 748, 9216),
@@ -90,7 +90,7 @@ def probe(mode: Mode, rows: int, d: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/h200/row_quant.json"))
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/<this GPU>/row_quant.json")
     args = ap.parse_args()
     rows = [probe(mode, m, d) for mode, m, d in SHAPES]  # type: ignore[arg-type]
     print(f"{'step':<28}{'inductor':>9}" + "".join(f"{'w' + str(w):>8}" for w in WARPS) + f"{'default':>9}{'floor':>8}")
@@ -98,11 +98,10 @@ def main() -> None:
         print(f"{r['mode'] + ' ' + str(r['rows']) + 'x' + str(r['d']):<28}{r['inductor_us']:>9.1f}"
               + "".join(f"{r[f'row_kernel_w{w}_us']:>8.1f}" for w in WARPS)
               + f"{r['row_kernel_default_us']:>9.1f}{r['floor_us']:>8.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
-                                    "torch": torch.__version__, "unit": "us per call, in a CUDA graph",
-                                    "rows": rows}, indent=1))
-    print(f"-> {args.out}")
+    out = args.out or results.default_path("row_quant")
+    results.record(out, {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
+                         "torch": torch.__version__, "unit": "us per call, in a CUDA graph", "rows": rows})
+    print(f"-> {out}")
 
 
 if __name__ == "__main__":

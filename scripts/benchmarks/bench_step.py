@@ -14,7 +14,6 @@ same run. Both cache modes (write-time and naive) are timed in one run. Prints a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from characters.config import TOPOLOGIES, session_config
 from characters.engine import DecoderRunner, DiTRunner
 from characters.flops import chunk_cost
 from kernels.attention import attention
+from scripts.benchmarks import results
 from scripts.benchmarks.common import device_ms, env_info, matmul_rate, timed
 
 
@@ -98,7 +98,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-decoder", action="store_true", help="skip the decoder timing")
     p.add_argument("--no-graphs", action="store_true", help="eager steps on CUDA (no graph capture)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/step_<preset>_<topology>_<device>.json)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/<machine>/step_<preset>_<topology>.json)")
     args = p.parse_args()
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
@@ -128,9 +128,9 @@ def main() -> None:
         "floor_ms": floor_ms, "modes": rows, "decoder_ms_p50": dec_ms,
         "chunk_budget_ms": 1000 * cfg.model.generation.frames_per_chunk / 24,
     }
-    out = Path(args.out or f"benchmarks/step_{args.preset}_{args.topology}_{device.type}.json")
+    out = Path(args.out or results.default_path(f"step_{args.preset}_{args.topology}", device.type))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     print(f"{args.preset} / {args.topology}: one rank of {cfg.topology.dit_ranks}, {args.dtype}, {result['device']}")
     print(f"{'mode':<22} {'ms/chunk':>9} {'floor ms':>9} {'ratio':>6} {'cache ms':>9} {'cache %':>8}  attention")
     for mode, r in rows.items():

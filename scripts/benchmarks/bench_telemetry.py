@@ -1,10 +1,10 @@
 """Benchmark: what telemetry costs the chunk step, on and off in one run (tiny engine, in-process, CPU).
 
     python scripts/benchmarks/bench_telemetry.py                                  # tiny preset, 5 rounds x 24 chunks
-    python scripts/benchmarks/bench_telemetry.py --rounds 8 --out benchmarks/telemetry_cpu.json
+    python scripts/benchmarks/bench_telemetry.py --rounds 8 --out benchmarks/cpu/telemetry.json
 
 The slot's three workers (`DiTWorker`, `DecoderWorker`, `RoomWorker`) run in this process, driven by the
-real chunk loop (`deployments.pipeline.graph.run_chunk_loop`, unpaced: `wait` returns at once) through a
+real chunk loop (`deployments.pipeline.loop.run_chunk_loop`, unpaced: `wait` returns at once) through a
 synchronous in-process pipeline; each published report goes to the session's `SessionTelemetry`, as in a
 session actor. Three variants, each its own set of warm workers:
 
@@ -47,13 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig, session_config
 from deployments import telemetry
-from deployments.pipeline.graph import run_chunk_loop
+from deployments.pipeline.loop import run_chunk_loop
 from deployments.pipeline.messages import ChunkReport
 from deployments.pipeline.room import RoomWorker
 from deployments.pipeline.workers import ChunkInput, DecoderWorker, DiTWorker
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import SessionTelemetry, Telemetry
 from deployments.types import OutputSpec, SessionStats
+from scripts.benchmarks import results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,7 +183,7 @@ def main() -> None:
     ap.add_argument("--loop-chunks", type=int, default=10, help="chunks per chunk-loop block (short blocks, many "
                     "rounds: the machine's drift spreads over every variant)")
     ap.add_argument("--metric-interval-ms", type=int, default=60000, help="metric export period (the default's)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "telemetry_cpu.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "cpu" / "telemetry.json")
     args = ap.parse_args()
     cfg = session_config(args.preset, "cpu")
     # the receiver runs in its own process, as a collector would: its parsing must not count as our overhead
@@ -270,7 +271,7 @@ def main() -> None:
               "worst_overhead_pct": worst, "worst_loop_overhead_pct": loop_worst, "limit_pct": 2.0,
               "within_limit": worst < 2.0, "loop_within_noise": loop_worst < max(2.0, noise)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    results.record(args.out, result)
     print(f"worst step overhead (lockstep, paired) {worst:.2f}% (limit 2%): {'ok' if worst < 2.0 else 'OVER'}; "
           f"chunk loop {loop_worst:.2f}% against a block-to-block spread of {noise:.1f}%; wrote {args.out}")
 

@@ -27,22 +27,21 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.config import session_config
 from characters.engine import DiTRunner
 from characters.flops import chunk_cost
-from characters.process_group import free_port, join, leave
-from scripts.benchmarks.common import env_info, matmul_rate, timed
+from characters.process_group import join, leave
+from scripts.benchmarks import results
+from scripts.benchmarks.common import env_info, matmul_rate, spawn_ranks, timed
 
 # variant -> (sequence parallel, overlap, communicate, token-local layers whole, self-attention whole)
 VARIANTS: dict[str, tuple[bool, str, bool, bool, bool]] = {
@@ -135,18 +134,6 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         leave(wait=done)
 
 
-def spawn_ranks(fn: Callable[[int, argparse.Namespace, int, str], None], args: argparse.Namespace,
-                out: Path) -> dict[str, Any]:
-    """Run `fn(rank, args, port, out)` in `args.ranks` processes (one GPU each on CUDA) and return the JSON
-    that rank 0 wrote to `out`."""
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
-        sys.exit(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    mp.spawn(fn, args=(args, free_port(), str(out)), nprocs=args.ranks, join=True)
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny")
@@ -159,8 +146,9 @@ def main() -> None:
                    help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    out = Path(args.out or f"benchmarks/tp_{args.preset}_{args.ranks}_{args.device}.json")
-    r = spawn_ranks(rank_main, args, out)
+    out = Path(args.out or results.default_path(f"tp_{args.preset}_{args.ranks}", args.device))
+    r = spawn_ranks(rank_main, args)
+    results.record(out, r)
     print(f"{args.preset}, {args.ranks} ranks over {r['backend']}, {r['device']}")
     print(f"{'variant':<20} {'ms/chunk':>9} {'floor':>7} {'ratio':>6} {'exposed comm ms':>16}")
     for name, row in r["rows"].items():

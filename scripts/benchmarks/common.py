@@ -5,16 +5,22 @@ replays), the matmul rate a floor is computed at, and the config of one DiT rank
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
 from characters.config import TOPOLOGIES, TopologyConfig, session_config
+from characters.process_group import free_port
 
 TOPOLOGY_FOR_RANKS = {1: "gpu1", 2: "b200x3", 3: "h100x4", 4: "h100x5"}
 
@@ -113,3 +119,15 @@ def rank_config(preset: str, ranks: int, layout: str, precision: str, attention:
     if layers:
         model["dit"] = {"num_layers": layers}
     return session_config(preset, topo.model_dump(), dtype=dtype, weights="random", model=model)
+
+
+def spawn_ranks(fn: Callable[[int, argparse.Namespace, int, str], None], args: argparse.Namespace) -> dict[str, Any]:
+    """Run `fn(rank, args, port, out)` in `args.ranks` processes (one GPU each on CUDA) and return the JSON that
+    rank 0 wrote to `out` (a temporary file; the caller records the result)."""
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        sys.exit(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rank0.json"
+        mp.spawn(fn, args=(args, free_port(), str(out)), nprocs=args.ranks, join=True)
+        result: dict[str, Any] = json.loads(out.read_text())
+    return result

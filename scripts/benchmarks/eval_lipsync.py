@@ -8,13 +8,12 @@ the clip's speech; the mouth signal (luminance drop in the renderer's mouth box)
 audio envelope at offsets -5..+5 frames (`characters.train.lipsync`). The ground truth (the renderer's
 own frames) gives the ceiling. Identity: one session of --drift-seconds of speech (held-out utterances back
 to back) per identity, scored per 10 s window against the reference: face colour error, PSNR outside the
-mouth, and the lip-sync r of that window. Prints tables and writes JSON (default benchmarks/lipsync_tiny.json).
+mouth, and the lip-sync r of that window. Prints tables and writes JSON (default benchmarks/cpu/lipsync_tiny.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from characters.train.data import TEST_CLIPS, TRAIN_CLIPS, load_or_build, refere
 from characters.train.evaluate import generate, generate_clips, ground_truth_score  # noqa: E402
 from characters.train.lipsync import fidelity, identity_drift, lipsync_score  # noqa: E402
 from characters.weights import resolve_weights  # noqa: E402
+from scripts.benchmarks import results  # noqa: E402
 
 
 def drift_session(engine: CharacterEngine, clips: list, identity_index: int, seconds: float) -> dict[str, object]:
@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--cpu-matmul", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="the DiT's linear layers on this CPU (TopologyConfig.cpu_matmul; auto: bf16 where the CPU has "
                         "bf16 dot products)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/lipsync_<preset>.json)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/cpu/lipsync_<preset>.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     generation: dict[str, object] = {"cache_mode": args.cache_mode}
@@ -112,9 +112,9 @@ def main() -> None:
         "fidelity": close.as_dict(),
         "random_weights": baseline.as_dict() if baseline else None, "generate_s": gen_s, "drift": drift,
     }
-    out = Path(args.out or ROOT / "benchmarks" / f"lipsync_{args.preset}.json")
+    out = Path(args.out or ROOT / "benchmarks" / "cpu" / f"lipsync_{args.preset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     print(f"{args.preset} ({result['weights']}), {len(clips)} held-out clips (unseen faces and sentences)")
     print(f"{'':<14} {'r':>6} {'offset':>6} {'median':>7} {'min':>6}")
     rows = [("generated", score), ("ground truth", truth)] + ([("random weights", baseline)] if baseline else [])

@@ -1,7 +1,7 @@
 """The `57b` speech latency budget: agent speech -> heard at the viewer, built from measured stage times.
 
-    python scripts/benchmarks/latency_budget.py                       # writes benchmarks/latency_budget_57b.json
-    python scripts/benchmarks/latency_budget.py --cpu-run benchmarks/latency_cpu_ray.json # a CPU run's host-side parts
+    python scripts/benchmarks/latency_budget.py  # writes benchmarks/estimates/latency_budget_57b.json
+    python scripts/benchmarks/latency_budget.py --cpu-run benchmarks/cpu/latency_ray.json#LABEL  # a CPU run
 
 The same definition as `bench_latency.py` (the agent's first speech sample -> the first audio of it at
 a plain LiveKit subscriber), with the same chunk path (`deployments.pipeline.graph.run_chunk_loop`: a chunk whose
@@ -12,7 +12,7 @@ size was lent), so each row adds up parts measured apart, p50 each:
 - agent -> the room and the wait for a full window of speech: the CPU runs' (`--cpu-run`, the embedded default
   through the real pipeline on 2 cores, default configuration; a GPU host's free cores only make these shorter):
   the median over the runs of each run's p50, as the machine's speed moves by the hour (the default: every
-  `latency_cpu_ray_run*.json` and `latency_cpu_ray_dec0*_run*.json` run);
+  run of benchmarks/cpu/latency_ray.json labelled `latency_cpu_ray_run*` or `latency_cpu_ray_dec0*_run*`);
 - the wait for the DiT: the onset chunk queues behind the chunk the DiT is making. The DiT is busy rho = dit /
   chunk of the time, so for speech arriving at a random time the wait is 0 with probability 1 - rho, else
   uniform over (0, dit): its median is dit * (rho - 1/2) / rho (0 when rho <= 1/2);
@@ -51,7 +51,7 @@ measured there is the model's (13.3 ms p50 against 12.5; the H100's 12.9).
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from characters.config import TOPOLOGIES, SessionConfig, TopologyConfig, session_config
 from characters.flops import chunk_collectives
 from deployments.settings import ServiceConfig
+from scripts.benchmarks import results
 
 ROOT = Path(__file__).resolve().parents[2]
 CHUNK_MS = 4 / 24 * 1e3
@@ -125,8 +126,18 @@ def rank_session(ranks: int, layout: str, precision: str = "fp8") -> SessionConf
     return session_config("57b", topo.model_dump(), dtype="bfloat16", model=model)
 
 
-def load(path: Path) -> dict[str, Any]:
-    return dict(json.loads(path.read_text()))
+def load(path: Path | str) -> dict[str, Any]:
+    """The figures of a measurement file's last run, or of the run `path#label` names."""
+    file, _, label = str(path).partition("#")
+    return results.latest(Path(file), label or None)
+
+
+def default_cpu_runs() -> list[str]:
+    """The default-configuration runs of `bench_latency.py --generator ray` (benchmarks/cpu/latency_ray.json)."""
+    path = ROOT / "benchmarks" / "cpu" / "latency_ray.json"
+    default = re.compile(r"latency_cpu_ray(_dec0\w*)?_run\d+")
+    labels = sorted(r["label"] for r in results.runs(path) if default.fullmatch(r["label"]))
+    return [f"{path}#{label}" for label in labels]
 
 
 def fp8_row(path: Path, variant: str) -> float:
@@ -140,17 +151,17 @@ def parts_step(path: Path, groups: int = 1) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cpu-run", type=Path, nargs="+", default=None,
-                    help="bench_latency.py --generator ray JSONs (the host-side parts: the median of their "
-                         "p50s; default: the default-configuration runs in benchmarks/)")
-    ap.add_argument("--publish", type=Path, default=ROOT / "benchmarks" / "publish_57b_cpu.json",
+    ap.add_argument("--cpu-run", nargs="+", default=None,
+                    help="bench_latency.py --generator ray runs, FILE or FILE#LABEL (the host-side parts: the median "
+                         "of their p50s; default: the default-configuration runs in benchmarks/cpu/latency_ray.json)")
+    ap.add_argument("--publish", type=Path, default=ROOT / "benchmarks" / "cpu" / "publish_57b.json",
                     help="a scripts/benchmarks/bench_publish.py --preset 57b JSON")
     ap.add_argument("--step-groups", type=int, default=TopologyConfig.model_fields["step_groups"].default,
                     help="the DiT step's parts (topology.step_groups) for the estimate with preemption")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "latency_budget_57b.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "estimates" / "latency_budget_57b.json")
     args = ap.parse_args()
     b = ROOT / "benchmarks"
-    runs = args.cpu_run or sorted([*b.glob("latency_cpu_ray_run*.json"), *b.glob("latency_cpu_ray_dec0*_run*.json")])
+    runs = args.cpu_run or default_cpu_runs()
     cpu_runs = [load(p) for p in runs]
     host_ins = [(r["split"]["agent_to_room_s"]["p50"] + r["split"]["boundary_s"]["p50"]) * 1e3 for r in cpu_runs]
     networks = [r["split"]["network_s"]["p50"] * 1e3 for r in cpu_runs]
@@ -173,7 +184,7 @@ def main() -> None:
                              f"{run.get('audio_lead_ms')}; the budget takes ServiceConfig's ({onset_slack:g}, "
                              f"{service.audio_lead_ms:g}): give runs made with those (--cpu-run)")
     sources: dict[str, Any] = {
-        "host_parts": {"runs": [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in runs],
+        "host_parts": {"runs": [str(p).removeprefix(f"{ROOT}/") for p in runs],
                        "agent_to_room_and_window_ms": {"median": statistics.median(host_ins), "min": min(host_ins),
                                                        "max": max(host_ins)},
                        "shown_to_heard_ms": {"median": statistics.median(networks), "min": min(networks),
@@ -272,9 +283,8 @@ def main() -> None:
                      "total_preempt_est_ms": round(total_preempt, 1),
                      "met_preempt_est": total_preempt <= TARGET_MS and dit + comm <= CHUNK_MS,
                      "collective_calls_per_chunk": sum(c.calls for c in chunk_collectives(session))})
-    result = {"command": " ".join(["python", *sys.argv]), "definition": __doc__, "sources": sources, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    result = {"definition": __doc__, "sources": sources, "rows": rows}
+    results.record(args.out, result)
     keys = [k for k in rows[0] if k.endswith("_ms") and k not in (
         "total_ms", "target_ms", "rest_ms", "rest_due_ms", "collectives_est_ms", "dit_with_collectives_est_ms",
         "total_est_ms", "wait_preempt_est_ms", "total_preempt_est_ms")]

@@ -8,7 +8,7 @@ trace taken during a `scripts/benchmarks/bench_latency.py --generator ray` run.
         -o /tmp/sched.data -- sleep 25
     perf sched timehist -i /tmp/sched.data > /tmp/timehist.txt
     python scripts/benchmarks/onset_cpu.py --latency /tmp/lat.json --ps /tmp/ps.txt --timehist /tmp/timehist.txt \\
-        --out benchmarks/onset_cpu_perf.json
+        --out benchmarks/cpu/onset_perf.json
 
 An onset's window runs from its chunk's submit (first sample + agent -> room + boundary wait) to the chunk's
 arrival at the room (+ DiT + decode + in flight), on the same CLOCK_MONOTONIC the bench stamps. A task's run time
@@ -19,11 +19,14 @@ chunk (its main thread's run time over in flight + DiT, the span from submit to 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.benchmarks import results
 
 LINE = re.compile(r"^\s*(\d+\.\d+)\s+\[(\d+)\]\s+(.*?)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s*$")
 TASK = re.compile(r"^(.*)\[(\d+)(?:/(\d+))?\]$")
@@ -40,7 +43,7 @@ def process_names(ps: Path) -> dict[str, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--latency", type=Path, required=True, help="the bench_latency JSON of the traced run")
+    ap.add_argument("--latency", required=True, help="the bench_latency JSON of the traced run (FILE or FILE#LABEL)")
     ap.add_argument("--ps", type=Path, required=True)
     ap.add_argument("--timehist", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -56,7 +59,8 @@ def main() -> None:
         events.append((float(m.group(1)), pid, task.group(1) if task else m.group(3), float(m.group(6))))
     t0, t1 = events[0][0], events[-1][0]
     dit_pid = next((p for p, n in names.items() if n.startswith("ray::DiTWorker")), None)
-    rows = [r for r in json.loads(args.latency.read_text())["rows"] if t0 < r["first_sample_at"] < t1 - 1.0]
+    file, _, label = args.latency.partition("#")
+    rows = [r for r in results.latest(Path(file), label or None)["rows"] if t0 < r["first_sample_at"] < t1 - 1.0]
     total: Counter[str] = Counter()
     per_onset = []
     for r in rows:
@@ -85,7 +89,7 @@ def main() -> None:
         print(f"  {v:7.1f}  {k}")
     print(f"the DiT's share of its core while making the onset's chunk: {result['dit_share_while_making_it_mean']:.0%}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    results.record(args.out, result)
     print(f"-> {args.out}")
 
 

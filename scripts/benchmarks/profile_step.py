@@ -9,7 +9,6 @@ elementwise (Inductor's Triton kernels), other elementwise/copies. Prints a tabl
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from characters.config import TOPOLOGIES, session_config
 from characters.engine import DiTRunner
+from scripts.benchmarks import results
 from scripts.benchmarks.common import env_info
 
 FAMILIES = (
@@ -88,9 +88,9 @@ def main() -> None:
               "topology": args.topology, "ms_per_chunk_by_family": dict(totals), "ms_total": total,
               "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:25]),
               **({"top_ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:30])} if ops else {})}
-    out = Path(args.out or f"benchmarks/profile_{args.preset}_{args.topology}.json")
+    out = Path(args.out or results.default_path(f"profile_{args.preset}_{args.topology}"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results.record(out, result)
     print(f"{'family':<24} {'ms/chunk':>9} {'share':>6}")
     for fam, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"{fam:<24} {ms:>9.2f} {100 * ms / total:>5.1f}%")

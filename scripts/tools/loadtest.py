@@ -2,7 +2,7 @@
 admitted sessions run; checks admission and measures API latency and the running sessions' fps.
 
     python scripts/tools/loadtest.py                                  # own local cluster: capacity 2, queue 2
-    python scripts/tools/loadtest.py --creates 300 --concurrency 64 --out benchmarks/loadtest_cpu.json
+    python scripts/tools/loadtest.py --creates 300 --concurrency 64 --out benchmarks/cpu/loadtest.json
     python scripts/tools/loadtest.py --url http://127.0.0.1:8000 --key KEY --capacity 2 --queue-max 2   # a running one
 
 Own cluster (no --url): a local Ray on 127.0.0.1 with `--capacity` logical GPUs, the Serve app of
@@ -50,6 +50,8 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from scripts.benchmarks import results  # noqa: E402
 
 # The tiny preset with one DiT layer and a decoder without res blocks, at the preset's resolution (the API
 # sizes images to the preset, so the resolution is not cut).
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--churn-s", type=float, default=10.0)
     p.add_argument("--churn-wave", type=int, default=50, help="concurrent creates per churn wave")
     p.add_argument("--churn-rps", type=float, default=0.0, help="pace the churn's creates (0: back to back)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "loadtest_cpu.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "cpu" / "loadtest.json"))
     a = p.parse_args(argv)
     load_before = os.getloadavg()
     kw = {"creates": a.creates, "concurrency": a.concurrency, "churn_s": a.churn_s, "churn_wave": a.churn_wave,
@@ -332,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
               "loadavg_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **report}
     print(table(report))
-    Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+    results.record(a.out, report)
     print(f"wrote {a.out}")
     return 0 if report["ok"] else 1
 

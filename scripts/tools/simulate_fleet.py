@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import heapq
-import json
 import math
 import os
 import random
@@ -68,6 +67,7 @@ from placement import (  # noqa: E402
     release,
 )
 from placement.bundles import to_units  # noqa: E402
+from scripts.benchmarks.results import latest, record  # noqa: E402
 
 DAY_S = 86_400.0
 TOPOLOGY_NAMES = ("h100x5", "h100x4", "b200x3")
@@ -453,7 +453,7 @@ def per_session(topologies: Sequence[str], gpus_per_node: int = 8) -> list[dict[
         measured: dict[str, float | None] = {"bf16": None, "fp8": None}
         path = REPO / "benchmarks" / "h200" / MEASURED.get(topo.dit_ranks, "-")
         if path.is_file():
-            for r in json.loads(path.read_text())["rows"]:
+            for r in latest(path)["rows"]:
                 if r.get("layout") == "sp" and r.get("attention_precision") == "bf16" and "ms_p50" in r:
                     measured[r["precision"]] = r["ms_p50"]
         rows.append({"topology": name, "dit_ranks": topo.dit_ranks, "gpus": topo.gpus,
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topologies", nargs="+", default=list(TOPOLOGY_NAMES), choices=TOPOLOGY_NAMES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "fleet_sim.json")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "estimates" / "fleet_sim.json")
     p.add_argument("--per-session-only", action="store_true", help="print the per-session table and stop")
     a = p.parse_args(argv)
     sessions = per_session(a.topologies)
@@ -538,13 +538,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['refused_rate']:>7.2%} {r['rejected']:>6} {r['expired']:>8} {r['wait_p50_s']:>7.1f}s "
               f"{r['wait_p99_s']:>7.1f}s {r['peak_running']:>8}")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({
+    record(a.out, {
         "config": {"nodes": a.nodes, "hours": a.hours, "demand": asdict(demand), "mean_session_s": demand.mean_s,
                    "fleet_defaults": asdict(runs[0][0]) | {"topology": None, "mode": None}},
         "wall_s": wall,
         "per_session": sessions,
         "results": results,
-    }, indent=2) + "\n")
+    })
     print(f"wrote {a.out.relative_to(REPO) if a.out.is_relative_to(REPO) else a.out}")
     return 0
 

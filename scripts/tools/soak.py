@@ -15,7 +15,7 @@ session over the second half) and a PNG of memory over time.
     python scripts/tools/soak.py                                  # an hour: head + 2 nodes of 2 GPUs, 2 sessions
     nice -n 10 python scripts/tools/soak.py --minutes 5 --sample-s 10
     python scripts/tools/soak.py --nodes 0 --topology gpu1 --concurrent 1 --warm-slots 1 \\
-        --out benchmarks/soak_cpu.json --png docs/soak_cpu.png   # one node, as before
+        --out benchmarks/cpu/soak.json --png docs/soak_cpu.png   # one node, as before
     python scripts/tools/soak.py --preset tiny --full --nodes 0 --topology gpu1 --minutes 60   # on the GPU machine
 """
 
@@ -42,6 +42,7 @@ from deployments.sessions.scheduler import get_or_create_scheduler
 from deployments.settings import ServiceConfig
 from deployments.types import NAMESPACE, OutputSpec, SessionSpec
 from placement.names import parse_pg_name
+from scripts.benchmarks import results
 
 SMALL = {"dit": {"num_layers": 1}, "generation": {"height": 64, "width": 96}, "vae": {"num_res_blocks": 0}}
 NAME = "soak"
@@ -64,7 +65,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--graph", choices=("compiled", "actor_calls"), default="compiled")
     p.add_argument("--gcs-task-events", type=int, default=None,
                    help="task events the head's GCS keeps (RAY_task_events_max_num_task_in_gcs; Ray's default 100000)")
-    p.add_argument("--out", default="benchmarks/soak_multinode_cpu.json")
+    p.add_argument("--out", default="benchmarks/cpu/soak_multinode.json")
     p.add_argument("--png", default="docs/soak_multinode_cpu.png")
     p.add_argument("--from-log", default=None, help="rebuild --out and --png from the lines a run printed, "
                    "without running (with that run's --minutes and --sample-s)")
@@ -342,7 +343,7 @@ def write(args: argparse.Namespace, samples: list[dict[str, Any]], *, done: int,
         "samples": samples,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    results.record(args.out, result)
     if not complete and source is None:
         return  # checkpoint: the plot is drawn at the end
     where = f"{args.nodes} nodes x {args.gpus_per_node} GPUs + head" if args.nodes else "one node"

@@ -13,12 +13,13 @@ whose defaults keep the group alive until interpreter exit. Writes JSON (runs, a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.benchmarks import results
 
 
 def rank_main(rank: int, mode: str, port: int) -> None:
@@ -54,9 +55,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--join", choices=["process_group", "plain"], default="process_group")
-    p.add_argument("--out", type=Path, help="default: benchmarks/stress_process_group_<join>_cpu.json")
+    p.add_argument("--out", type=Path, help="default: benchmarks/cpu/stress_process_group.json")
     args = p.parse_args()
-    args.out = args.out or Path(f"benchmarks/stress_process_group_{args.join}_cpu.json")
+    args.out = args.out or Path("benchmarks/cpu/stress_process_group.json")
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
@@ -74,7 +75,7 @@ def main() -> None:
               "failures": len(failures), "aborts": sum("SIGABRT" in f for f in failures),
               "wall_s": round(time.perf_counter() - start, 1), "failure_texts": failures}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    results.record(args.out, result)
     print(f"{args.join}: {len(failures)} of {args.runs} runs failed ({result['aborts']} SIGABRT) -> {args.out}")
 
 

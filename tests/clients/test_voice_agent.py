@@ -293,7 +293,7 @@ def test_the_example_agent_lip_syncs_is_interrupted_and_ends_with_end_call(serve
     # generated frames, not presented ones (a late chunk's held repeats count in presentedFps only): the session kept
     # its clock beside the agent, the watcher and the rest of the suite's processes on the same cores. Alone: 0 late
     # of 84-85 chunks in each of three runs; the issue's acceptance (0 in 60 s, >= 23.5 fps at the viewer) is the
-    # README flow's (benchmarks/voice_agent_flow_cpu.json). Two allowed here, under the suite's load; at issue 18's
+    # README flow's (benchmarks/cpu/voice_agent_flow.json). Two allowed here, under the suite's load; at issue 18's
     # start 135-175 of 205-230 chunks were late.
     assert stats["chunks"] >= 60 and stats["lateChunks"] <= 2, stats
 

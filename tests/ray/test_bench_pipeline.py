@@ -7,7 +7,6 @@ group per session, give no GPU to two workers, stream both sessions, and report 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "benchm
 
 import bench_pipeline
 
+from scripts.benchmarks import results
+
 pytestmark = pytest.mark.ray
 
 
@@ -25,7 +26,7 @@ def test_two_sessions_side_by_side_hold_disjoint_gpus(tmp_path: Path) -> None:
     rc = bench_pipeline.main(["--small", "--dit-ranks", "1", "--decoder-gpus", "1", "--sessions", "2",
                               "--seconds", "4", "--skip", "2", "--cpus", "8", "--out", str(out)])
     assert rc == 0
-    result = json.loads(out.read_text())
+    result = results.latest(out)
     (variant,) = result["variants"]
     assert (variant["layout"], variant["depth"], result["topology"]) == ("replicated", 2, "1+1")
     sessions = variant["sessions"]

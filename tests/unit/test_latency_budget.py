@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,13 +69,13 @@ def test_the_wait_for_the_dit_when_the_onset_takes_the_idle_chunks_place() -> No
 
 
 def test_the_budget_table_is_the_one_in_benchmarks(tmp_path: Path) -> None:
-    """The script's table from the stored runs equals benchmarks/latency_budget_57b.json (the README's), and its
-    estimated rows say what the README says of them."""
+    """The script's table from the stored runs equals benchmarks/estimates/latency_budget_57b.json's last run (the
+    table docs/latency.md quotes), and its estimated rows say what the page says of them."""
     out = tmp_path / "budget.json"
     script = ROOT / "scripts" / "benchmarks" / "latency_budget.py"
     subprocess.run([sys.executable, str(script), "--out", str(out)], check=True,
                    cwd=ROOT, capture_output=True)
-    got, stored = json.loads(out.read_text()), load(ROOT / "benchmarks" / "latency_budget_57b.json")
+    got, stored = load(out), load(ROOT / "benchmarks" / "estimates" / "latency_budget_57b.json")
     assert got["rows"] == stored["rows"]
     rows = {r["topology"]: r for r in got["rows"]}
     assert rows["4 + 1, FP8 + cuDNN, local layers"]["met_est"]
