@@ -62,8 +62,21 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from characters.families.liveavatar.synthetic import synthetic_state_dict
 
+def _load_synthetic_module() -> types.ModuleType:
+    """``characters/families/liveavatar/synthetic.py`` by path: plain torch, so the oracle needs none of the
+    project's dependencies (a GPU machine without our venv runs it too)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "characters" / "families" / "liveavatar" / "synthetic.py"
+    spec = importlib.util.spec_from_file_location("liveavatar_synthetic", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+synthetic_state_dict = _load_synthetic_module().synthetic_state_dict
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
 BYPASSED_PACKAGES = (
     "liveavatar",
