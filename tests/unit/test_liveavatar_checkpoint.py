@@ -108,3 +108,14 @@ def test_every_preset_has_one_family() -> None:
     assert len(presets) == len(set(presets))
     with pytest.raises(ValueError, match="belongs to no model family"):
         family_of("sora")
+
+
+def test_full_size_state_dict_is_the_authors() -> None:
+    """Every key, shape and count of the 14B transformer equals the authors' model's state dict (recorded by
+    scripts/liveavatar/golden.py from their CausalWanModel_S2V on the meta device)."""
+    spec = json.loads((Path(__file__).parents[1] / "fixtures/liveavatar/dit_keys_14b.json").read_text())
+    with torch.device("meta"):
+        model = LiveAvatarDiT(LiveAvatarDiTConfig())
+    ours = {k: list(v.shape) for k, v in model.state_dict().items()}
+    assert ours == {k: v["shape"] for k, v in spec["keys"].items()}
+    assert sum(v.numel() for v in model.state_dict().values()) == spec["num_parameters"]
