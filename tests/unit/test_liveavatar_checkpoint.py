@@ -42,13 +42,17 @@ def test_shards_load_exactly_and_lora_merges(tmp_path: Path) -> None:
     a, b = torch.randn(rank, SMALL.dim), torch.randn(SMALL.dim, rank)
     lora = tmp_path / "liveavatar.safetensors"
     save_file({"base_model.model.blocks.1.self_attn.q.lora_A.default.weight": a,
-               "base_model.model.blocks.1.self_attn.q.lora_B.default.weight": b}, str(lora))
+               "base_model.model.blocks.1.self_attn.q.lora_B.default.weight": b,
+               "blocks.0.ffn.0.lora_A.weight": torch.ones(rank, SMALL.dim),  # no adapter name: PEFT drops it
+               "head.head.bias": torch.full((64,), 0.5)}, str(lora))  # a plain tensor replaces the base's
     dst = _model(1)
     load_liveavatar(dst, tmp_path, lora=lora, dtype=torch.float32)
     for name, value in src.state_dict().items():
         expect = value.to(torch.bfloat16).float()
         if name == "blocks.1.self_attn.q.weight":
             expect = expect + (64.0 / rank) * (b @ a)
+        if name == "head.head.bias":
+            expect = torch.full((64,), 0.5)
         torch.testing.assert_close(dst.state_dict()[name], expect, msg=name)
     assert dst.casual_audio_encoder.weights.dtype == torch.float32
 

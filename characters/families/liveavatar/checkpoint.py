@@ -4,13 +4,15 @@ Base model (`Wan-AI/Wan2.2-S2V-14B`): the transformer as diffusers shards (`diff
 named by `diffusion_pytorch_model.safetensors.index.json`), beside the VAE, umT5 and wav2vec2 files. The LoRA
 (`Quark-Vision/Live-Avatar`, rank 128, alpha 64 on every q, k, v, o, ffn.0 and ffn.2 linear) is merged at load,
 W + (alpha / rank) B A, as the authors' PEFT merge does. Our parameter names are the authors', so the mapping
-is the identity; every tensor is checked by name, shape and dtype, and anything missing, extra or mismatched is
-refused naming the file and the tensor.
+is the identity; every tensor is checked by name and shape, and anything missing, extra or mismatched is refused
+naming the file and the tensor. The LoRA file is read as their loader reads it: `.default` adapter keys merge,
+other model tensors in it replace the base's, adapter keys without an adapter name are ignored (with a warning).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,8 @@ LORA_FILE = "liveavatar.safetensors"
 LORA_RANK = 128
 LORA_ALPHA = 64.0
 LORA_TARGETS = ("q", "k", "v", "o", "ffn.0", "ffn.2")
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -64,26 +68,29 @@ def _tensors(files: dict[str, Path]) -> Iterator[tuple[str, Path, torch.Tensor]]
                 yield name, path, f.get_tensor(name)
 
 
-def lora_pairs(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """module name -> (A (r, in), B (out, r)) from a PEFT LoRA file; PEFT's prefixes and adapter names removed."""
+def read_lora(path: Path) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor], list[str]]:
+    """A LoRA file read as the authors' loader reads it (PEFT `load_state_dict(strict=False)` after prefixing
+    `base_model.model.`, then `merge_and_unload`): returns (module -> (A (r, in), B (out, r)) for keys named
+    `<module>.lora_{A,B}.default.weight`, plain tensors that overwrite base weights, keys PEFT would ignore)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
+    plain: dict[str, torch.Tensor] = {}
+    ignored: list[str] = []
     with safe_open(str(path), framework="pt") as f:
-        for key in f.keys():  # noqa: SIM118
+        for key in f.keys():  # noqa: SIM118 (safe_open has keys(), not iteration)
             name = key.removeprefix("base_model.model.")
-            for part in ("lora_A", "lora_B"):
-                tag = f".{part}."
-                if tag in name:
-                    module = name.split(tag)[0]
-                    pairs.setdefault(module, {})[part] = f.get_tensor(key)
-                    break
+            part = next((p for p in ("lora_A", "lora_B") if f".{p}." in name), None)
+            if part is None:
+                plain[name] = f.get_tensor(key)
+            elif name.endswith(f".{part}.default.weight"):
+                pairs.setdefault(name.split(f".{part}.")[0], {})[part] = f.get_tensor(key)
             else:
-                raise CheckpointError(f"{path.name}: tensor {key!r} is not a LoRA A/B weight")
+                ignored.append(key)  # no adapter name: PEFT's strict=False load drops it
     out = {}
     for module, ab in pairs.items():
         if set(ab) != {"lora_A", "lora_B"}:
             raise CheckpointError(f"{path.name}: module {module!r} has only {sorted(ab)}; a LoRA needs A and B")
         out[module] = (ab["lora_A"], ab["lora_B"])
-    return out
+    return out, plain, ignored
 
 
 def load_liveavatar(model: nn.Module, root: Path | str, lora: Path | str | None = None,
@@ -100,11 +107,17 @@ def load_liveavatar(model: nn.Module, root: Path | str, lora: Path | str | None 
     if missing:
         raise CheckpointError(f"{root.name}: tensors missing from the checkpoint: {missing[:5]} "
                               f"({len(missing)} in all)")
-    merges = lora_pairs(Path(lora)) if lora is not None else {}
-    unknown = sorted(m for m in merges if f"{m}.weight" not in expected)
-    if unknown:
-        raise CheckpointError(f"{Path(lora).name if lora else ''}: LoRA for modules the model does not have: "
-                              f"{unknown[:5]}")
+    merges: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    overrides: dict[str, torch.Tensor] = {}
+    if lora is not None:
+        merges, overrides, ignored = read_lora(Path(lora))
+        if ignored:
+            log.warning("%s: %d LoRA keys carry no adapter name (e.g. %s); the authors' loader ignores them and "
+                        "so do we", Path(lora).name, len(ignored), ignored[0])
+        unknown = sorted(m for m in merges if f"{m}.weight" not in expected)
+        unknown += sorted(n for n in overrides if n not in expected)
+        if unknown:
+            raise CheckpointError(f"{Path(lora).name}: tensors for modules the model does not have: {unknown[:5]}")
     seen = 0
     with torch.no_grad():
         for name, path, tensor in _tensors(files):
@@ -114,7 +127,10 @@ def load_liveavatar(model: nn.Module, root: Path | str, lora: Path | str | None 
                                       f"expects {tuple(target.shape)}")
             if not tensor.is_floating_point():
                 raise CheckpointError(f"{path.name}: tensor {name!r} is {tensor.dtype}, not a float tensor")
-            value = tensor.float()
+            value = overrides.pop(name, tensor).float()
+            if tuple(value.shape) != tuple(target.shape):
+                raise CheckpointError(f"{Path(lora or '').name}: tensor {name!r} has shape {tuple(value.shape)}, the "
+                                      f"model expects {tuple(target.shape)}")
             module = name.removesuffix(".weight")
             if name.endswith(".weight") and module in merges:
                 a, b = merges.pop(module)
