@@ -21,7 +21,7 @@ from characters.config import SessionConfig, check_tensor_parallel
 from characters.dit import CausalDiT, Parts, run_parts
 from characters.kv_cache import KVCache
 from characters.rope import RopeTables
-from characters.telemetry import StageRecorder
+from characters.stage_times import StageRecorder
 from characters.tp import Overlap, apply_tensor_parallel, set_overlap
 from characters.vae import CausalDecoder, VAEEncoder
 from characters.weights import load_weights, materialize_dit, resolve_weights, seeded_build

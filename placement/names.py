@@ -1,5 +1,5 @@
 """Names of a slot's placement group and actors: the convention a restarted scheduler rebuilds its
-ledger from (no Ray here; `deployments.sessions.ledger` reads the cluster).
+ledger from (no Ray here; `deployments.sessions.adoption` reads the cluster).
 
     placement group   <slot_id>@<scheduler>         e.g. slot-1a2b3c4d5e@characters-scheduler
     workers           <slot_id>.dit<rank>, <slot_id>.decoder, <slot_id>.room

@@ -1,4 +1,4 @@
-"""The `characters` command: the model-level commands from characters.cli, plus `serve`.
+"""The `characters` command: the model-level commands from characters.commands, plus `serve`.
 
 It lives in deployments/ because `serve` needs the serving layer, and characters/ never imports
 upward."""
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from characters.cli import build_parser
+from characters.commands import build_parser
 
 
 def _add_serve(sub: Any) -> None:

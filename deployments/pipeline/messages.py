@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from characters.pacing import SegmentEvent
-from characters.telemetry import StageTime
+from characters.stage_times import StageTime
 from deployments.pipeline.handoff import Latents
 
 

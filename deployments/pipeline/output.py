@@ -22,7 +22,7 @@ from characters.config import SessionConfig
 from characters.host import freeze_heap
 from characters.media import Mp4Writer
 from characters.pacing import SegmentEvent, speech_prefix
-from characters.telemetry import StageTime
+from characters.stage_times import StageTime
 from deployments import telemetry
 from deployments.livekit.config import LiveKitOutput
 from deployments.pipeline.messages import ChunkInput, ChunkReport, Frames, SessionMismatch

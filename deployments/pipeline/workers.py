@@ -1,4 +1,4 @@
-"""Workers of one slot: the DiT ranks and the decoder (the room: `deployments.pipeline.room`), thin adapters
+"""Workers of one slot: the DiT ranks and the decoder (the room: `deployments.pipeline.output`), thin adapters
 over `characters.engine`. The messages chunks travel in: `deployments.pipeline.messages`.
 
 Each is a plain class (tests construct them directly); `deployments.sessions.slot` makes Ray actors of them
@@ -31,7 +31,7 @@ from characters.config import SessionConfig
 from characters.engine import DecoderRunner, DiTRunner, ReferenceEncoder
 from characters.host import freeze_heap, prioritize, prioritize_thread
 from characters.process_group import free_port, join
-from characters.telemetry import StageTime
+from characters.stage_times import StageTime
 from deployments.pipeline.handoff import REFERENCE, Latents, pack, unpack
 from deployments.pipeline.messages import Ack, ChunkInput, Frames, SessionMismatch, TimedLatents
 from deployments.settings import GLOO_SOCKET_IFNAME

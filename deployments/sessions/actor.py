@@ -199,7 +199,7 @@ class SessionActor:
         return outcome
 
     def describe(self) -> dict[str, Any]:
-        """What a restarted scheduler needs to adopt this actor (`deployments.sessions.ledger`): the slot's
+        """What a restarted scheduler needs to adopt this actor (`deployments.sessions.adoption`): the slot's
         workers, and the session it runs or ran and was not yet forgotten, if any (status, stats, outcome
         once ended). `spec` None: the actor, and so the slot, is free."""
         r = self.runner

@@ -33,9 +33,9 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 from characters.config import SessionConfig
 from deployments.pipeline.workers import STAGES
 from deployments.sessions.book import SessionBook, SessionRecord
+from deployments.sessions.pool import SlotManager
 from deployments.sessions.runner import Outcome
 from deployments.sessions.slot import Slot
-from deployments.sessions.slots import SlotManager
 from deployments.types import NAMESPACE
 from placement.actor import node_of, release
 from placement.bundles import PlacementSpec, bundles_for

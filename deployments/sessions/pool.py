@@ -8,7 +8,7 @@ manager keeps one record per slot (the bundle it holds in the ledger, the built 
     free -> acquire() -> leased -> reset(slot, session) -> release(healthy) -> free | removed
     free / warming on a lost or draining node, a free slot whose worker died idle, a failed build -> removed
     leased on a lost or draining node -> removed when its session releases it (never handed out again)
-    adopt(found)   slots a previous scheduler left on the cluster (`deployments.sessions.ledger`)
+    adopt(found)   slots a previous scheduler left on the cluster (`deployments.sessions.adoption`)
 
 `SessionScheduler` decides which session gets which slot and when to add or retire one; it calls the
 manager under its own lock (every synchronous method here expects that lock held) and hears of finished
@@ -204,7 +204,7 @@ class SlotManager:
         return [slot_id for slot_id in lost if slot_id not in self.records]
 
     def adopt(self, slot: Slot, *, leased: bool) -> Lease | None:
-        """A ready slot a previous scheduler left (`deployments.sessions.ledger`): free, or leased to the
+        """A ready slot a previous scheduler left (`deployments.sessions.adoption`): free, or leased to the
         session still running on it (its new lease returned)."""
         self.records[slot.slot_id] = SlotRecord(slot.slot_id, Admit(slot.slot_id, slot.node_id or "", self.demand),
                                                 slot=slot)

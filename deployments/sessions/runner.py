@@ -19,7 +19,7 @@ chunks and speech onsets: the loop waits on the queue, which wakes it on every p
 
 Stats: `step_ms_p50/p95` are chunk latencies, submit -> published by the room (DiT step, handoff,
 decode, publish; pipelined, so up to `pipeline_depth` chunks overlap); `fps` is the room's playout
-model's (`deployments.pipeline.room.PlayoutMeter`); `late_chunks`, `buffer_ms` and `av_offset_ms` are the
+model's (`deployments.pipeline.output.PlayoutMeter`); `late_chunks`, `buffer_ms` and `av_offset_ms` are the
 output's (a LiveKit room's real playout, where a late chunk is a held frame at the viewer; else the
 meter's); `stage_ms` the median of each chunk stage (`StageWindow`).
 """
@@ -39,7 +39,7 @@ from characters.audio import chunk_sample_range
 from characters.chunk_policy import ChunkPathConfig, ChunkPolicy
 from characters.config import SessionConfig
 from characters.pacing import SegmentEvent
-from characters.telemetry import CHUNK_STAGES, StageTime
+from characters.stage_times import CHUNK_STAGES, StageTime
 from deployments.pipeline.graph import ChunkFailure, Pipeline
 from deployments.pipeline.loop import LoopIO, drive
 from deployments.pipeline.messages import ChunkReport

@@ -2,7 +2,7 @@
 
 It decides nothing itself: the pure policy (`placement.decide` / `drain` / `commit`) decides, over a
 ledger built from `ray.nodes()` and the bundles its slots hold (`placement.actor.ledger`); the slots'
-lifecycle is `SlotManager`'s (`deployments.sessions.slots`) and the sessions' records `SessionBook`'s
+lifecycle is `SlotManager`'s (`deployments.sessions.pool`) and the sessions' records `SessionBook`'s
 (`deployments.sessions.book`). The ledger is recomputed from the slots held (one `Admit` each), so
 releasing a slot is dropping its record: there is no separate count to drift. Every decision runs under one asyncio
 lock with no await inside, so concurrent calls never over-commit. On every event (`_dispatch`):
@@ -31,7 +31,7 @@ graph raises `ActorDiedError`; a dead SessionActor fails its `outcome` call) and
 A `recover` session instead resumes on a fresh bundle (`deployments.sessions.recovery`). Slots and session
 actors are detached and named (`placement.names`): when the scheduler itself dies, Ray restarts it
 (`max_restarts=-1`, same handle) while sessions stream on, and on start it adopts what its
-predecessor left (`deployments.sessions.ledger`) before deciding anything, so no bundle is booked twice.
+predecessor left (`deployments.sessions.adoption`) before deciding anything, so no bundle is booked twice.
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from deployments.pipeline.graph import classify
+from deployments.sessions.adoption import adopt, discover
 from deployments.sessions.book import SessionBook, SessionRecord
 from deployments.sessions.cluster import cluster_has_gpus
-from deployments.sessions.ledger import adopt, discover
 from deployments.sessions.membership import NODE_LOST, NodeChange, NodeWatch
+from deployments.sessions.pool import RaySlotOps, SlotManager, SlotOps
 from deployments.sessions.recovery import RECOVER_MAX_ATTEMPTS, Resume, recoverable
 from deployments.sessions.runner import Outcome, Report
 from deployments.sessions.slot import Slot
-from deployments.sessions.slots import RaySlotOps, SlotManager, SlotOps
 from deployments.settings import ServiceConfig
 from deployments.store import SessionRows, database_url, open_engine
 from deployments.telemetry import SchedulerTelemetry, leaked_placement_groups, setup
@@ -584,7 +584,7 @@ class SessionScheduler:
 def get_or_create_scheduler(service: ServiceConfig, *, name: str = SCHEDULER_NAME, node_id: str | None = None) -> Any:
     """The scheduler actor `name` in namespace NAMESPACE: the running one, or a new detached one.
     Ray restarts it when its process dies, on another node when its node died (same handle); the new
-    instance adopts the slots and sessions its predecessor left (`deployments.sessions.ledger`).
+    instance adopts the slots and sessions its predecessor left (`deployments.sessions.adoption`).
     `node_id`: prefer that node (soft affinity: e.g. the head, which outlives the GPU nodes). The actor then
     asks for a thousandth of a CPU: Ray 2.60 honours a soft node affinity only for a request of some
     resource; a zero-resource actor landed on another node in 4 of 8 tries on a loopback cluster, 0 of 8

@@ -37,7 +37,7 @@ from characters.config import SessionConfig
 from deployments import telemetry
 from deployments.pipeline.graph import Workers
 from deployments.pipeline.handoff import resolve_transport
-from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.output import RoomWorker
 from deployments.pipeline.workers import DecoderWorker, DiTWorker
 from deployments.settings import ServiceConfig
 from deployments.telemetry import names as N

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from characters.telemetry import CHUNK_STAGES
+from characters.stage_times import CHUNK_STAGES
 
 # ------------------------------------------------------------------------------------------ spans
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from characters.telemetry import StageTime
+from characters.stage_times import StageTime
 from deployments.telemetry import names as N
 from deployments.telemetry.core import Telemetry, context_of, extract, fail, span_context, time_ns_of
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from characters.telemetry import StageRecorder
+from characters.stage_times import StageRecorder
 from deployments import telemetry
 from deployments.telemetry import names as N
 

@@ -620,18 +620,18 @@ def main() -> None:
     ap.add_argument("--run-ahead", type=float, default=2.0,
                     help="ray: a chunk whose audio is queued goes up to this many chunks early "
                          "(ServiceConfig.run_ahead_chunks); 0: every chunk waits for its boundary")
-    ap.add_argument("--onset-slack-ms", type=float, default=ServiceConfig.model_fields["onset_slack_ms"].default,
+    ap.add_argument("--onset-slack-ms", type=float, default=ServiceConfig().onset_slack_ms,
                     help="ray: a speech onset plays this long after it reaches the room, idle frames ahead of it cut "
                          "(ServiceConfig.onset_slack_ms); < 0: off")
-    ap.add_argument("--audio-lead-ms", type=float, default=ServiceConfig.model_fields["audio_lead_ms"].default,
+    ap.add_argument("--audio-lead-ms", type=float, default=ServiceConfig().audio_lead_ms,
                     help="ray: audio goes to the room's audio source this long before its frames "
                          "(ServiceConfig.audio_lead_ms)")
     ap.add_argument("--onset-first-frame", choices=["auto", "on", "off"],
-                    default=ServiceConfig.model_fields["onset_first_frame"].default,
+                    default=ServiceConfig().onset_first_frame,
                     help="ray: an onset's first frame decoded and played before the rest of its chunk "
                          "(ServiceConfig.onset_first_frame; auto: GPU decoders only)")
     ap.add_argument("--preempt-idle", choices=["on", "off"],
-                    default="on" if ServiceConfig.model_fields["preempt_idle"].default else "off",
+                    default="on" if ServiceConfig().preempt_idle else "off",
                     help="ray: a speech onset takes the place of the idle chunk the DiT is making "
                          "(ServiceConfig.preempt_idle)")
     ap.add_argument("--graph", choices=["compiled", "actor_calls"], default=None,

@@ -37,7 +37,7 @@ from characters.config import session_config
 from characters.media import SAMPLE_IMAGE, load_image
 from deployments.livekit import LiveKitOutput, LiveKitServer, install_server
 from deployments.pipeline.messages import ChunkInput, Frames
-from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.output import RoomWorker
 from deployments.settings import ServiceConfig
 from scripts.benchmarks import results
 

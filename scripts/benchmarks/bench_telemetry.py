@@ -49,7 +49,7 @@ from characters.config import SessionConfig, session_config
 from deployments import telemetry
 from deployments.pipeline.loop import run_chunk_loop
 from deployments.pipeline.messages import ChunkReport
-from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.output import RoomWorker
 from deployments.pipeline.workers import ChunkInput, DecoderWorker, DiTWorker
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import SessionTelemetry, Telemetry

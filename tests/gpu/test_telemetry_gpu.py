@@ -12,7 +12,7 @@ import torch
 from characters.audio import chunk_sample_range
 from characters.config import session_config
 from characters.engine import DecoderRunner, DiTRunner
-from characters.telemetry import StageRecorder, StageTime
+from characters.stage_times import StageRecorder, StageTime
 
 pytestmark = pytest.mark.gpu
 

@@ -104,7 +104,7 @@ def pg_state(pg_id: str) -> str:
 def reference_digests(service: ServiceConfig, session: SessionSpec, chunks: int) -> list[str]:
     """The first chunks' frame digests of `session` made in this process, without Ray (silent audio)."""
     from characters.audio import chunk_sample_range
-    from deployments.pipeline.room import RoomWorker
+    from deployments.pipeline.output import RoomWorker
     from deployments.pipeline.workers import ChunkInput, DecoderWorker, DiTWorker
 
     cfg = service.session_config()

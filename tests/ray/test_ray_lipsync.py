@@ -47,7 +47,7 @@ from characters.media import read_mp4
 from characters.train.data import Clip, load_split, reference_image
 from characters.train.evaluate import generate
 from characters.train.lipsync import LipSync, lipsync_score
-from deployments.pipeline.room import frames_digest
+from deployments.pipeline.output import frames_digest
 from deployments.sessions.cluster import init_local, stop_local
 from deployments.settings import ServiceConfig
 from deployments.types import OutputSpec, SessionSpec, SessionStatus

@@ -33,7 +33,7 @@ from characters.config import TopologyConfig, session_config
 from characters.media import read_mp4
 from deployments.pipeline.graph import ActorCallPipeline, CompiledPipeline, Workers
 from deployments.pipeline.handoff import REFERENCE, pack
-from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.output import RoomWorker
 from deployments.pipeline.workers import ChunkInput, DecoderWorker
 from deployments.sessions.cluster import init_local, stop_local
 from deployments.sessions.slot import DIT_ACTOR

@@ -203,3 +203,18 @@ def test_warm_slot_carries_no_state_between_sessions() -> None:
         assert len({a[k] for k in range(20)}) > 1  # the video does change over time
     # and both are what the single-process engine makes: the compiled graph changes nothing
     assert [a[k] for k in range(4)] == reference_digests(service, spec("first", service, seed=7), 4)
+
+
+def test_audio_is_held_until_the_session_runs_then_goes_to_its_own_actor() -> None:
+    service = small_service(queue_max=0)
+    speech = (np.random.default_rng(1).standard_normal(8000) * 6000).astype("<i2").tobytes()  # 0.5 s
+    with scheduler(service, "t-audio") as sched:
+        assert ray.get(sched.create_session.remote(spec("a", service))).status is SessionStatus.STARTING
+        assert ray.get(sched.push_audio.remote("a", speech, 16000, 1)) is None  # no actor yet: held
+        wait_status(sched, "a", SessionStatus.RUNNING)
+        route = ray.get(sched.push_audio.remote("a", speech, 16000, 1))  # forwarded, and the actor named
+        assert route is not None and route._actor_id == slots(sched)[0]["driver"]._actor_id
+        assert ray.get(route.push_audio.remote("a", speech, 16000, 1)) > 0.0  # the ingress's path from now on
+        assert ray.get(route.push_audio.remote("ghost", speech, 16000, 1)) == 0.0  # never another session's
+        ray.get(sched.end_session.remote("a"))
+        assert ray.get(sched.push_audio.remote("a", speech, 16000, 1)) is None  # ended: nowhere to go

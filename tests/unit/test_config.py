@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from characters.cli import main
+from characters.commands import main
 from characters.config import MODEL_PRESETS, SessionConfig, model_preset, session_config
 from characters.flops import build_meta_dit, chunk_cost
 

@@ -16,7 +16,7 @@ from characters.pacing import SegmentEvent, SpeechSplit
 from deployments.pipeline.graph import ChunkFailure
 from deployments.pipeline.loop import run_chunk_loop
 from deployments.pipeline.messages import ChunkInput, ChunkReport
-from deployments.pipeline.room import PlayoutMeter
+from deployments.pipeline.output import PlayoutMeter
 from deployments.sessions.runner import AudioBuffer, SessionRunner, keeps_real_time, playback_event
 from deployments.types import SessionStatus
 

@@ -15,7 +15,7 @@ from characters.media import read_mp4
 from characters.process_group import free_port, leave
 from deployments.pipeline.handoff import REFERENCE, HandoffError, Latents, pack, unpack
 from deployments.pipeline.messages import Ack, ChunkInput, ChunkReport, Frames, SessionMismatch
-from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.output import RoomWorker
 from deployments.pipeline.workers import STAGES, DecoderWorker, DiTWorker, StageTimer, first_frame_on
 from deployments.types import OutputSpec
 
@@ -132,7 +132,7 @@ def test_room_measures_playout_on_an_injected_clock(cfg: SessionConfig) -> None:
 
 
 def test_frames_digest_fingerprints_every_byte_and_ignores_the_layout() -> None:
-    from deployments.pipeline.room import frames_digest
+    from deployments.pipeline.output import frames_digest
 
     frames = np.random.default_rng(5).integers(0, 256, (4, 16, 24, 3), dtype=np.uint8)
     d = frames_digest(frames)

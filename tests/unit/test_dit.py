@@ -11,7 +11,7 @@ from characters.audio import chunk_sample_range
 from characters.config import TOPOLOGIES, SessionConfig, session_config
 from characters.dit import CausalDiT, block_causal_mask
 from characters.engine import DiTRunner, ForwardRecord
-from characters.telemetry import StageRecorder
+from characters.stage_times import StageRecorder
 from characters.weights import init_weights, load_weights, save_dit_shards, save_weights, shard_path
 
 CHUNKS = 7  # ring of 4 slots: chunks 4..6 evict chunks 0..2

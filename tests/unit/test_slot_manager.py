@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from deployments.sessions.pool import SlotManager
 from deployments.sessions.slot import Slot
-from deployments.sessions.slots import SlotManager
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import SchedulerTelemetry, Telemetry
 from placement import PlacementSpec

@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 import deployments.settings as settings
 from characters.audio import chunk_sample_range
 from characters.config import session_config
-from characters.telemetry import StageRecorder, StageTime
+from characters.stage_times import StageRecorder, StageTime
 from deployments import telemetry
 from deployments.pipeline.messages import ChunkInput, ChunkReport
-from deployments.pipeline.room import RoomWorker
+from deployments.pipeline.output import RoomWorker
 from deployments.pipeline.workers import DecoderWorker, DiTWorker, StageTimer
 from deployments.settings import TelemetryConfig
 from deployments.telemetry import ChunkSampler, SchedulerTelemetry, SessionTelemetry, Telemetry

@@ -18,7 +18,7 @@ from livekit import api as lkapi
 from memory_scheduler import MemoryScheduler
 
 from characters.pacing import SegmentEvent
-from characters.telemetry import StageTime
+from characters.stage_times import StageTime
 from deployments.api import watch
 from deployments.api.auth import ApiKeys
 from deployments.api.frontend import SessionFrontend
@@ -226,7 +226,7 @@ def test_room_reports_the_livekit_playouts_buffer_and_av_offset() -> None:
     from characters.audio import chunk_sample_range
     from characters.config import session_config
     from deployments.pipeline.messages import ChunkInput, Frames
-    from deployments.pipeline.room import RoomWorker
+    from deployments.pipeline.output import RoomWorker
     from deployments.types import OutputSpec
 
     cfg = session_config("tiny", "cpu", model={"generation": {"height": 64, "width": 96}})
