@@ -1,4 +1,4 @@
-"""Probe: cuDNN's FP8 attention (cudnn-frontend `sdpa_fp8`) on the 57b rank shapes, against cuDNN bf16.
+"""Benchmark: cuDNN's FP8 attention (cudnn-frontend `sdpa_fp8`) on the 57b rank shapes, against cuDNN bf16.
 
     python scripts/benchmarks/bench_attention_cudnn_fp8.py --out benchmarks/h200/attention_cudnn_fp8.json
 

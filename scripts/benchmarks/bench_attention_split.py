@@ -1,4 +1,4 @@
-"""Probe: does split-KV attention (the key range cut into n parts, one launch) beat cuDNN on the 57b shapes?
+"""Benchmark: does split-KV attention (the key range cut into n parts, one launch) beat cuDNN on the 57b shapes?
 
     python scripts/benchmarks/bench_attention_split.py --out benchmarks/h200/attention_split.json
 

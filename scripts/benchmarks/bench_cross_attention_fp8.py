@@ -1,4 +1,4 @@
-"""Probe: the FP8 audio cross-attention kernels against the four steps they replace, at the 57b rank's shapes.
+"""Benchmark: the FP8 audio cross-attention kernels against the four steps they replace, at the 57b rank's shapes.
 
 `kernels.cross_attention_fp8_triton` against `AudioCrossAttention.forward`'s steps without it (two compiled
 per-head RMSNorms, SDPA, a compiled per-token quantisation), at B=1, nF=1, N=2992 tokens, A=8 audio tokens, Dh=128,

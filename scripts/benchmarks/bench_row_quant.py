@@ -1,4 +1,4 @@
-"""Probe: `kernels.row_quant`'s single-pass row kernels against Inductor's compiled FP8 steps, at the 57b rank's
+"""Benchmark: `kernels.row_quant`'s single-pass row kernels against Inductor's compiled FP8 steps, at the 57b rank's
 shapes (TP3 sequence parallel: 998 rows of 9216 for the norms, the GELU over 2992 x 8192; TP4: 748 and 6144; with
 `topology.local_layers` the GELU over the rank's rows at the whole width, 998 and 748 x 24576).
 
