@@ -5,6 +5,8 @@
 #   (docs/fp8.md), each under its own timeout; lipsync needs .cache/tiny_data/test.npz carried.
 #   or `source scripts/benchmarks/gpu_session.sh setup` to install the wheels and set the environment for commands of your own.
 # Carry .whl_pipeline (scripts/setup/device_wheels.sh: Ray and the chunk path's other needs, 43 MB) or an older .whl.
+# Each result is a run appended to $OUT/<measurement>.json; file them with
+#   python scripts/benchmarks/results.py merge $OUT benchmarks/<h200|h100|h200x2>   (then scripts/benchmarks/page.py)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-benchmarks}
