@@ -9,7 +9,7 @@
 #   python scripts/benchmarks/results.py merge $OUT benchmarks/<h200|h100|h200x2>   (then scripts/benchmarks/page.py)
 set -uo pipefail
 what=${1:-all}
-OUT=${OUT:-benchmarks}
+OUT=${OUT:-/tmp/gpu_session}  # file the results with results.py merge (above)
 mkdir -p "$OUT"
 # .whl_cudnn: nvidia-cudnn-frontend (the optional `cudnn` extra, cuDNN's FP8 attention); .whl_probe: a small set
 # (pydantic and the frontend) for kernel and step benchmarks that need no Ray, when the carry limit bites.
