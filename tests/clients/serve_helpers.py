@@ -84,7 +84,8 @@ def characters_serve(work: Path, config: str = "service: {queue_max: 1, warm_slo
     keys = {name: f"{name}-{secrets.token_hex(12)}" for name in ("app", "other", "ops")}
     (work / "serve.yaml").write_text(config)
     port, lk_port = free_port(), free_livekit_port()
-    environ = {**os.environ, "RAY_ADDRESS": "", "CHARACTERS_API_KEYS": ",".join(
+    environ = {**os.environ, "RAY_ADDRESS": "", "CHARACTERS_DATA_DIR": str(work / "data"),  # this run's own state
+               "CHARACTERS_DATABASE_URL": "", "CHARACTERS_API_KEYS": ",".join(
         f"{name}{'@operator' if name == 'ops' else ''}:{key}" for name, key in keys.items()), **(env or {})}
     log_path = work / "serve.log"
     before = set(Path(tempfile.gettempdir()).glob("characters-livekit-*"))  # the dev server's config and log

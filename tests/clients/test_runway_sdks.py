@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +167,60 @@ def test_the_python_sdk_avatars_and_sessions_with_and_without_an_integration(ser
         client.avatars.retrieve(made.id)
     assert "runway client 'RunwayML/Python 5.24.0' (key app)" in served.log.read_text()
     print(f"python sdk: avatars + 2 sessions in {time.monotonic() - t0:.1f} s")
+
+
+def test_the_python_sdk_reads_usage_per_tenant(served: Served) -> None:
+    """`avatars.get_usage` (GET /v1/avatar_usage) as Runway shapes it, for the caller's sessions only, equal to what
+    its sessions' records say (seconds streamed of the ended ones, every session counted on its UTC day); the
+    native /v1/usage agrees, and the operator sees every tenant."""
+    import runwayml
+    from runwayml.types import avatar_get_usage_response
+
+    other = runwayml.RunwayML(base_url=served.url, api_key=served.keys["other"], max_retries=0)
+    status, made = served.request("POST", "/v1/sessions", {"avatar": {"image": face_uri().split(",", 1)[1]},
+                                                           "maxDuration": 60}, key="other")
+    assert status == 201, made
+
+    def running() -> bool:
+        return served.request("GET", f"/v1/sessions/{made['id']}", key="other")[1]["status"] == "RUNNING"
+
+    wait_for(running, 120, "the session to run", every_s=0.25)
+    time.sleep(2.0)
+    status, ended = served.request("DELETE", f"/v1/sessions/{made['id']}", key="other")
+    assert status == 200 and ended["status"] == "ENDED", ended
+
+    today = datetime.now(UTC).date()
+    start, end = today - timedelta(days=2), today + timedelta(days=1)
+    raw = other.avatars.with_raw_response.get_usage(start_date=datetime.combine(start, datetime.min.time(), UTC),
+                                                    end_date=end.isoformat())
+    parsed = raw.parse()
+    assert type(parsed) is avatar_get_usage_response.AvatarGetUsageResponse
+    usage = TypeAdapter(avatar_get_usage_response.AvatarGetUsageResponse).validate_python(raw.http_response.json())
+    assert usage.model_extra == {} and usage.total_seconds == parsed.total_seconds  # every field the model's own
+
+    mine = served.request("GET", "/v1/sessions", key="other")[1]["sessions"]
+    assert made["id"] in {s["id"] for s in mine}
+    days = [start + timedelta(days=i) for i in range(3)]
+    seconds = {d: 0.0 for d in days}
+    sessions = dict.fromkeys(days, 0)
+    measured = [s["endedAt"] - s["startedAt"] for s in mine if s["startedAt"] and s["endedAt"]]
+    for s in mine:
+        day = datetime.fromtimestamp(s["createdAt"], UTC).date()
+        sessions[day] += 1
+        if s["startedAt"] and s["endedAt"]:
+            seconds[day] += s["endedAt"] - s["startedAt"]
+    assert [(b.date, b.seconds, b.sessions) for b in usage.by_day] == [
+        (d, round(seconds[d]), sessions[d]) for d in days]
+    assert usage.total_sessions == len(mine) and usage.total_seconds == sum(round(v) for v in seconds.values())
+    assert usage.avg_duration_seconds == round(sum(measured) / len(measured)) and usage.total_seconds >= 2
+
+    native = served.request("GET", f"/v1/usage?startDate={start}&endDate={end}", key="other")[1]["data"]
+    assert {u["tenant"] for u in native} == {"other"} and sum(u["sessions"] for u in native) == len(mine)
+    assert sum(u["secondsStreamed"] for u in native) == usage.total_seconds
+    everyone = served.request("GET", f"/v1/usage?startDate={start}&endDate={end}", key="ops")[1]["data"]
+    assert [u for u in everyone if u["tenant"] == "other"] == native
+    with pytest.raises(runwayml.UnprocessableEntityError):
+        other.avatars.get_usage(start_date=end.isoformat(), end_date=start.isoformat())
 
 
 # ----------------------------------------------------------------------------------------------- Node
