@@ -143,4 +143,4 @@ def load_liveavatar(model: nn.Module, root: Path | str, lora: Path | str | None 
     if merges:
         raise CheckpointError(f"LoRA modules left unmerged: {sorted(merges)[:5]}")
     model.to(dtype)
-    model.casual_audio_encoder.float()  # type: ignore[operator]
+    model.casual_audio_encoder.float()

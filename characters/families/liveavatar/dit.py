@@ -11,6 +11,7 @@ cross-attention's input norm sees a bf16-rounded residual; modulation, gates and
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -141,13 +142,13 @@ class LiveAvatarDiT(nn.Module):
 
     def text_kv(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each block's cross-attention keys and values of the text context: computed once, reused every step."""
-        return [blk.cross_attn.context_kv(context) for blk in self.blocks]
+        return [cast(Block, blk).cross_attn.context_kv(context) for blk in self.blocks]
 
     def time_mods(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(f,) timesteps -> ((f, 6, D) block modulation, (f, D) head input), float32."""
-        emb, proj = self.time_embedding, self.time_projection
-        e = f32_linear(emb[2], F.silu(f32_linear(emb[0], sinusoidal(self.cfg.freq_dim, t))))
-        e0 = f32_linear(proj[1], F.silu(e)).unflatten(1, (6, self.cfg.dim))
+        emb0, emb2 = cast(nn.Linear, self.time_embedding[0]), cast(nn.Linear, self.time_embedding[2])
+        e = f32_linear(emb2, F.silu(f32_linear(emb0, sinusoidal(self.cfg.freq_dim, t))))
+        e0 = f32_linear(cast(nn.Linear, self.time_projection[1]), F.silu(e)).unflatten(1, (6, self.cfg.dim))
         return e0, e
 
     def cond_tokens(self, ref_latent: torch.Tensor, motion: torch.Tensor) -> torch.Tensor:

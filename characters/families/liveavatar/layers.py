@@ -90,6 +90,8 @@ class Fp8Linear(nn.Module):
 
         super().__init__()
         w8, sw = quantize_weight(layer.weight.detach())
+        self.w8: torch.Tensor
+        self.sw: torch.Tensor
         self.register_buffer("w8", w8)
         self.register_buffer("sw", sw)
         self.bias = layer.bias
