@@ -1,25 +1,6 @@
 """Audio: decoding, the exact per-chunk sample schedule, per-frame windows and the audio encoder.
 
-Sample schedule. Video frame f (0-based) ends at sample `(f + 1) * sample_rate // fps`, in integer
-arithmetic (16000 / 24 is not an integer), so chunk k of Fc frames covers samples
-`[k * Fc * sr // fps, (k + 1) * Fc * sr // fps)`: 2666 or 2667 samples for Fc = 4, and any run of chunks
-adds up exactly to the stream, with no drift.
-
-Windows. For each frame of a chunk and the `context_frames` frames before it, the frontend hands the
-encoder the `window_samples` samples ending at that frame's end sample; samples before the stream start
-are zeros. The frontend runs on the host (numpy) with a fixed-size history and a reused output buffer.
-
-Decoding rules (`load_audio`, `convert_pcm`):
-
-- Anything PyAV (FFmpeg) decodes: WAV, MP3, FLAC, OGG/Opus, M4A/AAC, or the first audio stream of a
-  video file, from a path or bytes.
-- Output is float32 mono at 16 kHz in [-1, 1]: channels are averaged (libswresample's matrix normalised
-  to a gain of 1), the rate is converted by libswresample, and samples are clipped to [-1, 1].
-- Refused with `MediaError`: unreadable or non-audio input, a file with no audio stream or no samples,
-  NaN or infinite samples, and audio longer than `max_seconds`. Silence is accepted.
-- Raw 16-bit little-endian PCM (the LiveKit byte-stream path): `pcm16_to_float`, then `convert_pcm` or a
-  `PcmConverter` that keeps the resampler's state across pieces of one stream.
-"""
+Details: docs/dit.md (`characters.audio`)."""
 
 from __future__ import annotations
 

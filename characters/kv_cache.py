@@ -1,29 +1,10 @@
 """The session's KV cache: preallocated, static shapes, a permanent sink plus a ring of chunk slots.
 
-Layout along the key axis S (per layer, per rank):
+Chunk k writes slot k mod R and attends to the sink and every valid slot; attention is order-free once RoPE is
+applied, so nothing moves when the window rolls. In `write_time` mode norm, RoPE, cast and layout happen once,
+when K/V are written; `naive` redoes them in every call (kept for measurement and equivalence tests).
 
-    [ reference sink: N tokens | ring slot 0: T tokens | ring slot 1 | ... | ring slot R-1 ]
-
-R = window / Cf + 1. Chunk k writes its K/V into ring slot k mod R and attends to the sink and all
-valid ring slots, i.e. the window of past frames plus itself; the oldest chunk is evicted by being
-overwritten. Attention is order-free once RoPE is applied, so the ring never moves data. Until the
-ring has filled (k < R - 1) only the prefix [sink | slots 0..k] is valid, and attention reads that
-prefix: one static shape per warm-up chunk, then one for the steady state.
-
-FP8 (`ModelConfig.attention_precision = "fp8"`, write-time only): K in e4m3 (B, Hh, S, Dh), V in e4m3 transposed
-(B, Hh, Dh, S) with a float32 scale per (head, key), and per layer the q / k scales: half the cache memory,
-written by `kernels.qkv_prep_fp8` and read as is by `kernels.attention_fp8`. With the cuDNN kernel
-(`ModelConfig.attention_fp8_kernel`): K and V in e4m3 (B, Hh, S', Dh), S' = S rounded up to a multiple of 64 (cuDNN
-reads padded, masked keys), V with one scale per layer set on the first write after a reset, read by
-`kernels.attention_cudnn_fp8`; its e4m3 output goes to the output projection as is.
-
-Two modes (`GenerationConfig.cache_mode`):
-
-- ``write_time``: Q/K get their norm and RoPE, K/V their dtype and (B, Hh, S, Dh) layout once,
-  when the chunk is written; attention reads the cache as it is.
-- ``naive``: raw projections and their RoPE tables are stored; every attention call re-does norm,
-  RoPE, cast and layout over the whole valid cache. Kept for measurement and equivalence tests.
-"""
+Details: docs/dit.md (`characters.kv_cache`)."""
 
 from __future__ import annotations
 

@@ -1,46 +1,6 @@
 """Tensor parallelism as a transform over a model that reads top to bottom on one device.
 
-Every linear layer that tensor parallelism splits is a `ParallelLinear` that knows how it splits:
-
-- ``column``: output features are split across ranks (Q/K/V projections, the MLP's first layer).
-  ``groups`` > 1 splits each of several fused outputs separately (fused QKV: each of Q, K and V
-  is split by heads, so rank r holds heads [r*Hl, (r+1)*Hl) of all three).
-- ``row``: input features are split; partial outputs are summed across ranks; rank 0 alone adds
-  the bias (in its GEMM), so the sum carries it once (output projections, the MLP's second layer).
-
-Token-local layers kept whole (`topology.local_layers`, with sequence parallelism): the MLP and the audio
-cross-attention work token by token (a token's output reads only that token and its frame's audio), so each
-rank can run them on its own m rows with the whole weights instead of 1/n of them on all T rows: the same
-FLOPs per rank, no collective (4 of a block's 6 gather / reduce-scatter calls and their bytes go), for the
-memory of their whole weights on every rank. Only self-attention, which reads every token, still gathers and
-reduce-scatters. Layers built with ``token_local=True`` (and modules with a ``token_local`` attribute) are the
-ones kept whole. With `topology.local_attention` self-attention is kept whole as well: each rank projects Q, K and
-V of its own rows with the whole weights and gathers the chunk's K/V rows from the other ranks into its cache
-(`TokenShards.gather_blocks`, one all-gather a block), then attends its own queries over every key; the blocks
-call no other collective.
-
-Sequence parallelism (Megatron-style; `topology.sequence_parallel`, off by default): between a row layer
-and the next column layer the residual stream is split by tokens, so each rank runs the norms,
-modulation and residual adds on its own ceil(T/n) rows. Column layers that read the residual
-stream (``sequence=True``) all-gather their input's tokens first; row layers reduce-scatter their
-output by tokens instead of all-reducing it. The bytes moved are those of the all-reduce (an
-all-reduce is a reduce-scatter plus an all-gather); the elementwise work per rank drops n-fold.
-`TokenShards` owns this split and its collectives:
-
-- ``overlap="none"``: one all-gather before the GEMM, one reduce-scatter after it (NCCL's own).
-- ``overlap="ring"``: the collective decomposed into n-1 ring steps of peer-to-peer sends, each
-  overlapped with the GEMM of the token block already here (all-gather+matmul, matmul+reduce-
-  scatter). Any backend with send/recv (NCCL, gloo); equal to ``"none"`` up to the order of the sum.
-- ``overlap="symm_mem"``: PyTorch's fused ops on symmetric memory (`torch.ops.symm_mem.
-  fused_all_gather_matmul` / `fused_matmul_reduce_scatter`): the blocks move by copy engines between
-  GPUs' memories (no SMs spent on communication) while the GEMMs run. CUDA only, B == 1 (serving).
-  Keep NVLink multicast off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0).
-
-On one device (``size == 1``) all of it is a plain linear layer. `apply_tensor_parallel(model, group)`
-slices the weights each rank keeps and divides every attention module's head count; the
-parameter's logical (unsplit) shape stays known through `full_shape`, which is what seeded
-initialisation and sharded checkpoints use.
-"""
+Details: docs/dit.md (`characters.tp`)."""
 
 from __future__ import annotations
 

@@ -3,25 +3,7 @@
 Shapes follow the names in `characters.config` (B batch, C latent channels, F video frames, H/W image
 size, h/w latent size); `T` is a number of frames at whatever level a tensor lives, and `c` a width.
 
-The decoder is of the Wan2.1 VAE decoder's class: causal 3x3x3 convolutions (padded in time from the
-past only), residual blocks with per-position channel RMSNorm (no norm mixes frames or pixels), a mid
-block with per-frame attention, then four stages from the lowest resolution up, with 2x spatial
-up-sampling after the first three and 2x temporal up-sampling after the first two. Like Wan (and the
-latent-diffusion decoders before it) each decoder stage holds `num_res_blocks + 1` residual blocks.
-Every latent frame decodes to exactly 4 video frames; there is no special first frame.
-
-Streaming: every causal convolution keeps the last `kt - 1` frames of its input in a preallocated
-`DecoderState`. `decode_chunk` reads and overwrites them in place, so a stream decoded chunk by chunk
-equals the whole sequence decoded at once from a zero state (a zero cache is zero causal padding).
-
-Serving (`init_state(..., chunk_frames=Tc)`): each causal conv then owns a window of `kt - 1 + T` frames,
-its cache being the window's first `kt - 1`. The step before the conv writes this chunk's input straight
-into the window's tail (`kernels.norm_silu` fuses norm, SiLU and that write), the conv reads the window as
-is, and only the last `kt - 1` frames move to the front afterwards: no concatenation, no cache copy-out.
-A residual block's last add is left `Unsummed` for the next step to fold into its own pass: an up-sampling
-reads y, bias and residual once and writes the 2x nearest copies straight in the next conv's layout
-(`kernels.upsample`), and a time conv's window gets the sum written into its tail.
-"""
+Details: docs/dit.md (`characters.vae`)."""
 
 from __future__ import annotations
 

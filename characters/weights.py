@@ -1,26 +1,6 @@
 """Seeded random initialisation and safetensors checkpoints, whole or in per-rank shards.
 
-Initialisation draws every parameter's *logical* (unsplit) tensor from a generator seeded by
-(seed, parameter name) and keeps this rank's slice, so a model is the same function of its seed
-whatever the tensor-parallel split, and memory stays at one parameter's full size at a time.
-
-A DiT in FP8 (`CausalDiT.to_fp8`) saves its blocks' linear weights in e4m3 with a `<layer>.weight_scale`
-(float32, per output channel) beside each; such a checkpoint loads into a model converted first
-(`DiTCheckpoint.fp8` says which kind a checkpoint is). Its shards slice the scales with the rows they belong to.
-A session's DiT is made a part at a time (`materialize_dit`): an FP8 one holds one block in the compute dtype at
-most, beside the blocks already quantised.
-
-Checkpoint layout (a directory):
-
-    model.json                       the ModelConfig the weights belong to
-    dit.safetensors                  whole DiT                      (or, split for TP:)
-    dit-rank{r}-of-{n}.safetensors   rank r's share of an n-way split (without it, rank r slices the whole file)
-    audio.safetensors, vae_encoder.safetensors, vae_decoder.safetensors
-
-Which weights a session runs is decided in one place, `resolve_weights`: `SessionConfig.weights` None means
-the preset's shipped directory (`characters/weights/<preset>/`) when it exists and was made for this model's
-shapes, else seeded random weights; "random" forces seeded random weights; anything else is a directory.
-"""
+Details: docs/dit.md (`characters.weights`)."""
 
 from __future__ import annotations
 

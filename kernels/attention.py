@@ -1,44 +1,10 @@
 """Attention over the KV cache, with backend dispatch.
 
-The cache already holds normed, rotated keys in the attention dtype and layout (see `kernels.qkv_prep`),
-so attention here is plain, unmasked softmax(q k^T * scale) v over the first S slots of the cache.
+The cache already holds normed, rotated keys in the attention dtype and layout (`kernels.qkv_prep`), so
+attention is plain softmax(q k^T * scale) v over the cache's first S slots; `pick_backend` times the backends
+on the real shapes at warm-up and keeps the fastest.
 
-Shapes (names as in `characters/config.py`): q (B, Hh, Tq, Dh); k, v (B, Hh, S, Dh), typically the prefix
-view `cache[:, :, :S]` of a (B, Hh, S_max, Dh) cache, so not contiguous along S but with a contiguous last
-dim; out (B, Hh, Tq, Dh). The flash-attn backends work in (B, T, Hh, Dh) memory order: their `out` is a
-(B, Hh, Tq, Dh) view of a (B, Tq, Hh, Dh) tensor (not contiguous), which is what the output projection
-wants after its `transpose(1, 2)`.
-
-Backends:
-    sdpa             torch SDPA, torch's own choice of kernel
-    sdpa_cudnn       SDPA forced to cuDNN          sdpa_flash      SDPA forced to its flash kernel
-    sdpa_efficient   SDPA forced to mem-efficient  sdpa_math       SDPA forced to the math path
-    flash_attn       FlashAttention-2 `flash_attn.flash_attn_func`
-    flash_attn3      FlashAttention-3 `flash_attn_interface.flash_attn_func` (Hopper)
-    vllm_flash_attn  `vllm_flash_attn.flash_attn_func`
-    sdpa_cudnn_split{2,4,8} / sdpa_flash_split{2,4,8}   split-KV ("flash-decoding") over cuDNN / flash parts
-The flash-attn packages are optional; a backend is offered only when its import works.
-
-Split-KV: the S keys are cut into n equal parts of s = S/n and all parts run in ONE kernel launch by folding
-the parts into the batch: k (B, Hh, S, Dh) -> (B, Hh, n, s, Dh) -> (B*n, Hh, s, Dh), q repeated per part
-(an `expand`, batch stride 0). The fold of k, v is a view when B == 1 (the batch stride becomes the part
-stride s*Dh over the cache's own S_max layout); for B > 1 no single batch stride exists and it is a copy.
-Each part returns its output and its log-sum-exp (natural log, float32); `merge_parts` combines them:
-out = sum_i exp(lse_i - logsumexp_i(lse_i)) out_i. More parts mean more CTAs for the same work, which
-fills the SMs when Hh * ceil(Tq / tile) is a few waves at most (wave quantization). When n does not
-divide S, the backend uses the largest part count <= n that does (the valid length grows during a
-session, so a backend picked at one S must still run at the others); `split_attention` itself raises.
-The parts come from a pluggable `PartsFn`: `parts_cudnn` / `parts_flash` on CUDA (the merge compiled into
-one kernel), `parts_ref` (float32 math) on CPU tensors, where neither kernel runs.
-
-`pick_backend` times the available backends on the real shapes at warm-up time (never inside the step or
-a graph capture: it synchronizes) and returns the fastest.
-
-`attention_fp8_out` is the same attention for an FP8 model: it returns the output projection's input
-(B, Tq, Hh*Dh) quantised per token (`kernels.fp8`). With a split backend the quantisation is the epilogue of
-the compiled merge, the kernel that already writes the output; with any other backend it is one compiled
-pass of its own after the attention kernel.
-"""
+Details: docs/kernels.md (`kernels.attention`)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
 """FP8 attention over a per-tensor-scaled e4m3 KV cache: cuDNN's Hopper FP8 kernel, and its reference.
 
-The cache is written once in the form this reads (`kernels.qkv_prep_fp8` with ``v_layout="tensor"``):
-
-    q8 (B, Hh, T, Dh) e4m3, q ~= q8 * qk_scale[0]      (the static bound of the normed, rotated q)
-    k8 (B, Hh, S, Dh) e4m3, k ~= k8 * qk_scale[1]      (the same bound for K)
-    v8 (B, Hh, S, Dh) e4m3, v ~= v8 * v_scale           (one float32 scale per layer and rank, `v_scale` (1,))
-
-    out = softmax(q k^T / sqrt(Dh)) v, written in e4m3 with the same scale as V: out ~= o8 * v_scale
-
-The output needs no scale of its own: each output row is a convex combination of V's rows, so |out| <= max|v|
-<= 448 * v_scale, and e4m3 being floating point, rows far smaller keep their 3 mantissa bits. That is what the
-FP8 output projection takes (`kernels.fp8.Fp8Act` with every row's scale = v_scale). On Hopper cuDNN's FP8
-forward writes only FP8 (a bf16 output is Blackwell's), which suits it.
-
-`attention_cudnn_fp8` runs cuDNN's FP8 SDPA through the cudnn-frontend Python package (`nvidia-cudnn-frontend`,
-the optional `cudnn` extra; torch's SDPA does not expose it): P is scaled by 448 before its cast to e4m3. The
-keys are read up to S rounded up to a multiple of 64 with a padding mask hiding the rest (its engine is the
-faster one: 0.68 against 0.76 ms at 24 heads, `scripts/benchmarks/bench_attention_cudnn_fp8.py`), so the cache must hold
-that many slots. A cuDNN graph is built once per shape and stride set (at warm-up: building plans takes
-~0.1 s) and executed on the current stream, so a CUDA-graph capture records it.
-
-`attention_fp8_tensor_ref` is the same math in float32 (no rounding of P): the CPU path and the tests' oracle.
-"""
+Details: docs/kernels.md (`kernels.attention_cudnn_fp8`)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
 """Attention over an FP8 KV cache (written by `kernels.qkv_prep_fp8`): one Triton kernel, FP8 tensor-core GEMMs.
 
-Inputs, as the write-time kernel leaves them (names as in `characters/config.py`):
-
-    q8        (B, Hh, Tq, Dh) e4m3, q ~ q8 * qk_scale[0]
-    k8        (B, Hh, S, Dh)  e4m3, k ~ k8 * qk_scale[1]            (a prefix view of the cache)
-    vt8       (B, Hh, Dh, S)  e4m3, V transposed, v[:, :, j] ~ vt8[:, :, :, j] * v_scale[:, :, j]
-    v_scale   (B, Hh, S) float32, per (head, key)
-
-    out = softmax(q k^T / sqrt(Dh)) v     (B, Hh, Tq, Dh) in `out_dtype` (bf16), written into `out` if given
-
-The kernel (FlashAttention's online softmax, one program per BLOCK_M queries of one head):
-
-    s   = (q8 @ k8^T) * qk_scale[0] * qk_scale[1] / sqrt(Dh)        FP8 GEMM, float32 accumulation
-    p   = exp(s - running max)                                      in [0, 1], float32
-    w   = p * v_scale[j] * 448 / c,  c = max_j v_scale[j] over the block    in [0, 448], cast to e4m3
-    acc = acc * (alpha * c_prev / c) + w8 @ v8                      FP8 GEMM; acc holds 448 O / c
-
-so V's per-key scales enter through P as a column scale, and the accumulator's running factor folds into the
-usual online-softmax rescale. P is spread over e4m3's whole range (FA3 casts P in [0, 1], where weights under
-2^-6 are subnormal, with a 2^-9 step: on flat softmaxes that doubled the error here). The row sums l use
-the unrounded p. The reference (`attention_fp8_ref`) is exact attention over the dequantised cache; the kernel
-differs from it by P's e4m3 rounding (a few 1e-3 relative on the output: averaged over many keys).
-
-Public API: attention_fp8_ref (the CPU path), attention_fp8_triton, attention_fp8 (dispatch).
-"""
+Details: docs/kernels.md (`kernels.attention_fp8`)."""
 
 from __future__ import annotations
 

@@ -1,39 +1,6 @@
 """The DiT's audio cross-attention of an FP8 model, from its q and kv projections to the o projection's e4m3 input.
 
-`characters.dit.AudioCrossAttention` (FP8, without these kernels) runs after its q and kv linear layers a per-head
-RMSNorm of q, one of k, attention over each frame's A audio tokens (SDPA, bf16) and a per-token quantisation pass of
-the (B, T, Hh*Dh) output: 4 kernels, 45 us a layer at the 57b TP3 rank's shape, where the bytes' floor (q read once,
-e4m3 written once) is ~4 us. Here:
-
-    qn    = rms_norm(q per head) * q_weight                      float32
-    kn    = rms_norm(k per head) * k_weight                      float32
-    out   = softmax(qn kn^T / sqrt(Dh)) v    per head: each frame's N tokens over that frame's A audio tokens
-    scale = max |v| over the frame / 448     one scale for all of a frame's tokens
-    data  = e4m3(out / scale)
-
-The output is a convex combination of the frame's V rows, so |out| <= max|v| over the frame: the bound is a scale
-that never saturates, known before any output exists. A per-token amax would need every head of a token in one
-program before the first store (a token's row spans all heads): a grid of a few hundred programs walking the heads
-twice, slower than the four kernels it replaces. With the bound, a program per (tokens, head) stores at once: the
-precision is the same (e4m3 keeps 3 mantissa bits down to 2^-6 of the scale, then subnormals: outputs far below the
-frame's largest |v| lose bits only where they are below max|v| / 28672).
-
-Two launches: the frame's scale (one small program per frame over its A x Hh*Dh values of V), then the attention,
-a program per (BLOCK_T tokens of a frame, head, frame). Both GEMMs are `tl.dot`s in float32 (tf32 on the GPU) with
-the keys padded to BLOCK_A >= 16 lanes and masked out of the softmax.
-
-Shapes (dimension names as in `characters/config.py`): q (B, T, Hh*Dh), T = nF*N tokens frame-major (the tokens of
-latent frame f are rows [f*N, (f+1)*N)), last dim contiguous; kv (B, nF, A, 2*Hh*Dh), the kv linear's output, last
-dim laid out (2, Hh, Dh) (k then v) and contiguous; q_weight, k_weight (Dh,). Hh*Dh alone does not give the heads:
-`heads` (= Hh) is a keyword argument. Outputs: e4m3 values (B, T, Hh*Dh) and float32 scales (B, T, 1), contiguous
-(an `Fp8Act` for the o projection).
-
-Public API:
-    cross_attention_fp8_ref      the readable reference (the test oracle, and the CPU path)
-    cross_attention_fp8_triton   the two Triton launches (CUDA, or CPU under TRITON_INTERPRET=1), no host syncs
-    cross_attention_fp8          dispatch: the kernels on CUDA (or under the interpreter) when Triton is installed,
-                                 else the reference
-"""
+Details: docs/kernels.md (`kernels.cross_attention_fp8`)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,6 @@
 """FP8 (e4m3) building blocks: row-wise quantisation and the scaled GEMM of the DiT's linear layers.
 
-Format: `torch.float8_e4m3fn` (4 exponent bits, 3 mantissa bits, finite max 448, no infinities). A tensor is
-carried as its e4m3 values and a float32 scale per row, `x ~ x8 * scale`:
-
-    quantize_rows_ref(x)    per row of the last dim: scale = max(amax(|x|), tiny) / 448, x8 = cast(x / scale)
-                            -> (x8 (..., K) e4m3, scale (..., 1) float32)
-
-Weights are quantised once, per output channel (a (N, K) weight's rows); activations per token, on the fly,
-inside the kernel that already produces them (the model's fused elementwise steps call `quantize_rows_ref`
-inside one compiled kernel: see `characters.dit.ElementwiseOps`). e4m3 is a floating-point format: its
-relative rounding error (at most 2^-4, about 3.6% rms) does not depend on the scale as long as the values stay
-in its normal range (|x / scale| >= 2^-6, a 2^14.8 span below the row's max); the scale only keeps the largest
-value from overflowing.
-
-    fp8_linear_ref(x8, sx, w8, sw, bias)   the reference: dequantise, float32 GEMM (the CPU path)
-    fp8_linear(...)                        CUDA: `torch._scaled_mm` (cuBLASLt, row-wise scales, fast
-                                           accumulation), bias in its epilogue; elsewhere the reference
-
-`Fp8Act` is the (values, scales) pair a quantising kernel hands to a linear layer.
-
-Dimension names (as in `characters/config.py`); here M rows (tokens), K input and N output features.
-"""
+Details: docs/kernels.md (`kernels.fp8`)."""
 
 from __future__ import annotations
 

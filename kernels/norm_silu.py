@@ -1,39 +1,11 @@
 """The decoder's pre-convolution step, fused: channel RMSNorm, SiLU, written into a convolution's window.
 
-Every causal convolution of the VAE decoder (`characters.vae`) reads `silu(rms_norm(x) * weight)` over its
-`kt - 1` cached frames followed by this chunk's frames. Unfused, that is a norm pass, an activation pass,
-a concatenation with the cache and a copy back of the cache. Here one pass reads `x` (plus an optional
-residual, whose sum it can also store) and writes the result straight into the chunk part of the
-convolution's preallocated window, in the window's channels-last layout, so the convolution reads the
-window as is:
-
-    s   = x (+ bias) (+ residual)                 -> sum_out (optional; may be x itself)
-    out = silu(s * rsqrt(mean_c(s^2) + eps) * w)  -> out, e.g. window[:, :, kt - 1:]
-
-`bias` is the previous convolution's, run without it, so that its broadcast add costs no pass of its
-own; `bias_add` is the same kernel without the norm (a bias and a residual added in one pass). All math
-is in float32 with one rounding at the end.
-
-Tiling: a program takes a block of rows (positions) and each row's `c` channels as a few power-of-two
-column chunks (`channel_blocks`: 96 = 3 x 32, 192 = 3 x 64, 384 = 3 x 128), each loaded once and held in
-registers between the sum of squares and the normalisation; so no lane is padding for the decoder's widths
-(one block of `next_power_of_2(c)` lanes, 128 for c = 96, left a quarter of them idle).
-
 Shapes: x, residual, sum_out, out are (B, c, T, h, w). The Triton kernel needs them in channels-last-3d
 memory order (stored as (B, T, h, w, c)), so one batch's (T, h, w) positions are `T*h*w` rows of `c`
 contiguous channels; the batch stride may differ (a window slice has `kt - 1` more frames per batch).
 The reference takes any layout. weight is (c,).
 
-Public API:
-    norm_silu_ref      the readable reference (the test oracle; every dtype)
-    norm_silu_cpu      the CPU path for float32: the reference's math in fewer passes (no float copies, the
-                       sum written once, the norm from one reduction, scale / weight / SiLU in place in `out`)
-    norm_silu_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
-    norm_silu          dispatch (Triton on CUDA when installed, the CPU path for float32 CPU tensors, else
-                       the reference)
-    bias_add_ref, bias_add_cpu, bias_add_triton, bias_add   the kernel without the norm: x + bias (+ residual)
-    channel_blocks, block_rows_for            the tiling (shared with `kernels.upsample`)
-"""
+Details: docs/kernels.md (`kernels.norm_silu`)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,10 @@
 """The DiT block's quantising elementwise steps as single-pass row kernels (the inputs of its FP8 linear layers).
 
-Each of these steps ends in the next linear layer's per-token e4m3 quantisation (`kernels.fp8.quantize_rows_ref`),
-so it reduces over the whole row: the LayerNorm's moments, then the quantisation's amax. Inductor compiles them as
-looped reductions that read each row twice or more (at the 57b TP3 rank, 5.9 ms and 4.0 ms a chunk, several
-times the bytes' floor: docs/fp8.md). Here a program holds one whole row in registers (as two power-of-two parts:
-`row_blocks`): it reads its inputs once and writes its outputs once.
-
-    modulate            x            -> q(LN(x) * (1 + scale) + shift)
-    add_modulate        x, y         -> x + y,        q(LN(x + y) * (1 + scale) + shift)
-    gated_add_norm      x, y, gate   -> x + gate * y, q(LN(x + gate * y) * weight + bias)
-    gelu                y            -> q(gelu_tanh(y))
-    gated_add_modulate  x, y, gate   -> x + gate * y, q(LN(x + gate * y) * (1 + scale) + shift)
-                        (a block's closing residual and the next block's first step in one pass)
-
-q(h) is (e4m3 values, a float32 scale per row): `quantize_rows_ref(h)`. LN is a LayerNorm without affine (eps
-inside the root). The new residual (x + ...) is stored in x's dtype and the LayerNorm reads it as stored, as the
-eager steps do. All other math is float32, as Inductor does it.
-
 Shapes: x, y (B, T, D), last dim contiguous; shift, scale, gate (B, L, D) with L = 1 (one row for every token)
 or L = T (a row per token), last dim contiguous (the block's modulation rows are views: any other strides);
 weight, bias (D,). Outputs: the new residual (B, T, D) in x's dtype, q (B, T, D) e4m3, scale (B, T, 1) float32.
 
-Public API:
-    row_quant_ref      the readable reference (the test oracle, and the CPU path)
-    row_quant_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
-    row_quant          dispatch: the Triton kernel on CUDA (or under the interpreter) when Triton is installed,
-                       else the reference
-    MODES              the steps' names
-"""
+Details: docs/kernels.md (`kernels.row_quant`)."""
 
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
 """The decoder's 2x nearest up-sampling, fused with the add before it: one read, every copy written once.
 
-In the VAE decoder (`characters.vae.Upsample`) a stage's last residual block ends in `x = y + bias + residual`;
-a spatial stage then up-samples x 2x (nearest) for a 3x3 convolution; a temporal stage first runs a causal
-time convolution to 2c channels (its bias not yet added), whose two halves become frames 2t and 2t + 1.
-Unfused that is an add pass, a reshape copy, an up-sampling pass and the convolution's layout copy. Here one
-pass reads the input (and its pending bias and residual) once and writes each value to its 4 destinations,
-already in the channels-last layout the convolution reads:
-
-    s = x (+ bias) (+ residual)                                       (B, cx, T, h, w), float32
-    fold_time: cx = 2c, frame 2t + i of s is channels [i*c, (i+1)*c) of frame t   -> (B, c, 2T, h, w)
-    out[:, :, t, 2y + dy, 2x + dx] = s[:, :, t, y, x]  for dy, dx in {0, 1}      -> (B, c, T', 2h, 2w)
-
-with one rounding, to out's dtype, at the end (so, with out in x's dtype, exactly the unfused passes' values).
-
 Shapes: x and residual are (B, cx, T, h, w), bias (cx,), out (B, c, T', 2h, 2w) with c = cx / 2 and
 T' = 2T when folding time, else c = cx and T' = T. The Triton kernel needs x, residual and out in
 channels-last-3d memory order: one batch's positions are rows of contiguous channels (out may be a frame
 slice of a larger buffer, as for `kernels.norm_silu`). The reference takes any layout.
 
-Public API:
-    upsample_nearest_ref      the readable reference (the PyTorch path it replaces; the test oracle)
-    upsample_nearest_cpu      the CPU path for float32: the sum once (skipped without bias and residual), then
-                              one strided copy that writes all four copies (and folds time) in out's layout
-    upsample_nearest_triton   one Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1)
-    upsample_nearest          dispatch (Triton on CUDA when installed, the CPU path for float32 CPU tensors,
-                              else the reference)
-"""
+Details: docs/kernels.md (`kernels.upsample`)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,7 @@
 """Ray-side placement: the capacity ledger from `ray.nodes()`, placement groups created, awaited and
 removed, and pending demand published to the autoscaler. The decisions stay in `placement.policy`.
 
-Ledger. A node's total comes from `ray.nodes()` (alive nodes only); its free resources are the total
-less the demand of every placement group the scheduler holds on it. The scheduler is the only
-client placing session bundles, so its own bookkeeping is exact and never waits on Ray's view of
-"available", which lags behind placement-group creation and removal. Something else that takes the
-same resources (e.g. a Serve replica taking CPUs on a CPU-only cluster) shows up as a placement
-group that does not become ready: `reserve` then removes it after its timeout, so a pending group
-never lingers to grab capacity freed later.
-
-Nodes. `node_table` reads the GCS's node table (`ray.nodes()`) and which nodes it marks draining (the
-autoscaler's cluster state, what KubeRay's autoscaler reads); `RayletProbe` asks a node's raylet the gRPC
-health check the GCS itself sends it, so that the scheduler learns of a lost node in about a second
-rather than after the GCS's own health checks (~15 s at Ray's defaults).
-
-Autoscaler. Demand that the cluster cannot hold (queued requests, plus every live slot) is published
-with `ray.autoscaler.sdk.request_resources`, one bundle per session holding its whole demand (so the
-autoscaler sizes a node that fits STRICT_PACK). Chosen over leaving placement groups pending for
-queued requests because a request is declarative and replaced on every call: it cannot grab GPUs
-freed for another request, out of FIFO order, and it vanishes when the queue empties.
-"""
+Details: docs/placement.md (`placement.actor`)."""
 
 from __future__ import annotations
 

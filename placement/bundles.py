@@ -1,30 +1,9 @@
 """Placement-group bundles for one session: the only place bundle lists are made.
 
-One session is one placement group with strategy ``STRICT_PACK`` (every bundle on one node, so the
-DiT ranks and the decoder talk over NVLink). Bundle order is fixed:
+One session is one STRICT_PACK placement group (its DiT ranks and decoder on one node, over NVLink): DiT
+bundles first, then the decoder's, then the room's CPU bundle; every other module asks this one.
 
-    index 0 .. N-1   one ``{"GPU": 1}`` bundle per DiT tensor-parallel rank r
-    index N          one ``{"GPU": 1}`` bundle for the VAE decoder, only when ``topology.decoder_gpus == 1``
-    last             one ``{"CPU": room_cpus}`` bundle for the room worker and the session actor
-
-With ``decoder_gpus == 0`` (``gpu1``, ``cpu``) the decoder shares DiT rank 0's bundle: ``role_of(0)``
-then names both roles, and the two actors split that bundle's GPU between them.
-
-GPU bundles carry no CPU, so GPU actors are created with ``num_cpus=0`` (Ray otherwise asks for one
-CPU that the bundle does not hold and the actor never schedules).
-
-GPU type: ``topology.accelerator`` is expressed with Ray's accelerator *resource* convention, not a
-label selector: Ray gives every node whose GPUs it detects as, say, H100 the resource
-``accelerator_type:H100`` = 1, and each GPU bundle asks for a sliver of it
-(``{"GPU": 1, "accelerator_type:H100": 0.001}``). A resource is understood by every Ray version,
-by the autoscaler (so KubeRay scales the right worker group: give that group the resource in
-``rayStartParams.resources``) and by the pure admission policy in ``placement.policy``, which
-matches nodes by resources alone.
-
-``use_gpus=False`` (a CPU-only cluster, e.g. the embedded ``tiny`` default) asks for bundles of the
-same shape with ``{"CPU": 1}`` in place of each GPU and no accelerator resource. Callers decide it
-from the cluster they run on; this module never looks at the machine.
-"""
+Details: docs/placement.md (`placement.bundles`)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
 """Pure admission policy: (free capacity, queue, request, now) -> decision. No Ray, no I/O, no clock.
 
-The scheduler actor owns the ledger (one `NodeCapacity` per node) and the `AdmissionQueue`, and is
-the only writer of both. On every event it calls, in this order:
-
-    decisions = drain(nodes, queue, now)            # capacity freed or time passed
-    nodes, queue = commit(nodes, queue, decisions)
-    decision = decide(nodes, queue, request, now)   # a new request
-    nodes, queue = commit(nodes, queue, [decision], incoming=request)
-
-Rules:
-- STRICT_PACK: a request is admitted only when its whole demand (the sum of all its bundles, per
-  resource) fits the free resources of ONE node; never partially, never spread over nodes.
-- Best fit: among nodes that fit, the one left with the fewest free GPUs, ties broken by node_id,
-  which keeps whole nodes free for large bundles and makes every decision deterministic.
-- FIFO fairness: a request never takes capacity that an earlier queued request could use now. Queued
-  requests that do not fit are passed over by later ones that do (backfill); their deadline bounds
-  how long a large bundle can wait behind a stream of small ones.
-- Otherwise a request waits in the bounded queue until its deadline (``now >= deadline`` expires it;
-  an expired request is never admitted), or, when the queue is full, is rejected with a Retry-After.
-  Every queued request counts toward ``max_len`` until a drain expires it: drain before deciding.
-- `apply` refuses to over-commit: an `Admit` computed from a stale ledger raises instead of driving
-  a node's free resources below zero, so no interleaving can double-book a GPU.
-"""
+Details: docs/placement.md (`placement.policy`)."""
 
 from __future__ import annotations
 

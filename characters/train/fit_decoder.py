@@ -1,24 +1,6 @@
 """Fitting a decoder on a GPU to what the lip-sync score reads, for the frozen encoder and DiT.
 
-`fit_vae.train_decoder` is the CPU recipe: crops of the encoder's latents (plus noise), pixel L1, two spans a
-step. Its pixel loss is not what the score reads (training it on lowered the loss and the score alike). Here the
-whole training split is rendered once into one uint8 tensor on the device (`DecoderData`), and each step decodes
-whole frames (the mid-block attention sees the serving grid) of `batch` spans, from two sources of latents:
-
-- the frozen encoder's, with Gaussian noise (as `fit_vae`), against the rendered frames;
-- the DiT's own (`dit_share` of each batch), generated on the CPU by the serving path from each training clip's
-  reference image and speech (`dit_latents`): what the decoder meets when it serves. The DiT's mouth follows the
-  speech, not the rendered motion frame for frame, so their target is either a teacher's rendering of the same
-  latents (`dit_target="teacher"`: a decoder known to lip-sync, such as the previous full-resolution one) or the
-  rendered frames (`"truth"`).
-
-Loss: L1 over the frame, weighted up in the mouth box, plus `signal_weight` x the L1 between the decoded and the
-target frames' mouth signals (`mouth_signal_torch`: the mean luminance drop inside the mouth box against the
-identity's reference image, the quantity `characters.train.lipsync` correlates with the speech), in [-1, 1] units.
-
-`score_decoder` scores a decoder on held-out clips from their DiT latents, generated once: the DiT never sees the
-decoder's frames, so this is `scripts/benchmarks/eval_lipsync.py`'s lip-sync score with only the decoder run again.
-"""
+Details: docs/training.md (`characters.train.fit_decoder`)."""
 
 from __future__ import annotations
 

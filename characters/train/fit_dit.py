@@ -1,26 +1,6 @@
 """Training the tiny DiT and audio encoder by flow matching on VAE latents, the way inference runs.
 
-Inference (`DiTRunner`, cache_update="last_step") makes chunk k with `denoising_steps` forwards at the
-times `flow_schedule(...)[:-1]`; each attends the reference sink (t = 0, silence audio), the K/V that
-past chunks left in the cache (their *last* step's input, at t_last = schedule[-2]) and itself. Training
-reproduces exactly that with one `forward_sequence` over [sink | chunk 0 .. chunk K-1] under
-`block_causal_mask` (the cache's window):
-
-- chunks 0 .. K-2 are noised to t_last: as keys they are what later chunks find in the cache, and as
-  queries each is its own last denoising step (it attends itself at t_last, as the cached step does);
-- chunk K-1, which no later chunk reads, is noised to a time drawn from the whole schedule, so the earlier
-  steps (t = 1 first) are trained too.
-
-The schedule is `DiTTrainConfig.schedule_steps` (2), not the preset's `denoising_steps`: the shipped `tiny` DiT
-was trained on 2 steps and the preset runs it once per chunk (the keys a chunk leaves in the cache are then its
-input's at t = 1, which this training never shows as a past chunk's keys); measured on the 51 held-out clips it
-scores the same as at 2 steps, at half the compute (docs/training.md).
-
-Every chunk's velocity is supervised (target noise - x0), weighted up around the mouth. Audio enters
-exactly as in inference: per-frame windows ending at each frame's end (`clip_windows`, the frontend's
-rule), log band power, the encoder's trainable projection, the DiT's audio embedding. CPU training runs
-under bfloat16 autocast (master weights float32).
-"""
+Details: docs/training.md (`characters.train.fit_dit`)."""
 
 from __future__ import annotations
 

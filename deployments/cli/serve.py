@@ -1,32 +1,6 @@
 """`characters serve`: run the Serve application on a local Ray cluster (or the one in RAY_ADDRESS).
 
-    run_serve(config_path=None, host="127.0.0.1", port=8000, grpc_port=9000, livekit_dev=False,
-              livekit_port=7880, data_dir=None, database_url=None) -> exit code
-
-- No RAY_ADDRESS: starts a Ray cluster in this process, pinned to 127.0.0.1, and the embedded default
-  service (tiny preset, CPU topology) unless the config says otherwise, keeping one warm slot (the first
-  session starts in about a second instead of building a slot for 10-20 s) unless `warm_slots` is given
-  (config or CHARACTERS_WARM_SLOTS); the addresses are printed once that slot is warm. With RAY_ADDRESS: joins that
-  cluster and deploys the app there.
-- `config_path`: a YAML file holding the app args of `deployments.api.app.build_app`
-  (`{service: {...}, api: {...}, ingress: {...}}`); None: the defaults plus CHARACTERS_* variables.
-- Prints the HTTP and gRPC addresses, then blocks until Ctrl-C or SIGTERM, then deletes the app
-  (joined cluster) or shuts Serve and Ray down (own cluster), and returns 0. Bad config: 2.
-- State (avatars, session records, usage) lives in a database that outlives the process: SQLite under
-  `data_dir` (default: CHARACTERS_DATA_DIR, else ~/.local/share/characters; created on first run), or the
-  PostgreSQL of `database_url` (or CHARACTERS_DATABASE_URL; a URL in the environment keeps its password out of
-  the process list). The schema is migrated on start. A config's `service.data_dir` / `database_url` win.
-- `grpc_port=0` turns the gRPC proxy off. Serve's gRPC proxy listens on all interfaces (it has no
-  host option), whatever `host` is.
-- `livekit_dev`: also start a development LiveKit server on loopback (`deployments.livekit.server`:
-  built once by scripts/setup/install_livekit.sh, the public --dev keys) on `livekit_port` (default 7880, as
-  LiveKit's docs assume; ICE/TCP and UDP on the next two ports) and point the service at it through
-  CHARACTERS_LIVEKIT_*; own cluster only. Its URL, key and secret are printed with the addresses and
-  answered by `GET /v1/livekit`. It stops after Serve and Ray.
-
-Also runnable as `python -m deployments.cli.serve [--config F] [--host H] [--port P] [--grpc-port G]
-[--livekit-dev [--livekit-port L]] [--data-dir D] [--database-url URL]`.
-"""
+Details: docs/operations.md (`deployments.cli.serve`)."""
 
 from __future__ import annotations
 
