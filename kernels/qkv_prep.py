@@ -29,13 +29,15 @@ is not range-checked on the host (that would need a sync): the kernel drops rows
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
 from kernels._triton import HAS_TRITON, check_triton_mode, interpreter_enabled, jit_for_current_mode, next_power_of_2
 
 if HAS_TRITON:
+    import triton
     import triton.language as tl
 
 __all__ = ["QKVPrepBackend", "qkv_prep", "qkv_prep_ref", "qkv_prep_triton", "rms_norm_ref", "rope_ref"]
@@ -141,6 +143,26 @@ def _write_cache_ref(cache: torch.Tensor, x: torch.Tensor, offset: int | torch.T
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _rope_tables(cos_ptr, sin_ptr, t, row_ok, s_rope_t, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """cos and sin at each row's token t, (ROWS, BLOCK_D/2) float32; lanes past Dh/2 are 0."""
+    i = tl.arange(0, BLOCK_D // 2)  # (HALF,)
+    mask = row_ok[:, None] & (i < HEAD_DIM // 2)[None, :]  # (ROWS, HALF)
+    off = (t * s_rope_t)[:, None] + i[None, :]  # (ROWS, HALF)
+    return tl.load(cos_ptr + off, mask=mask, other=0.0), tl.load(sin_ptr + off, mask=mask, other=0.0)
+
+
+def _norm_rope(x, w, c, s, eps, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """rope(rms_norm(x) * w) of (ROWS, BLOCK_D) float32 rows: RMSNorm over Dh (masked lanes are 0 and do not
+    count), then RoPE on adjacent pairs, each row split into its even and odd lanes. Shared with the FP8 write."""
+    x = x * tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None] * w[None, :]  # (ROWS, BLOCK_D)
+    xe, xo = tl.split(tl.reshape(x, (ROWS, BLOCK_D // 2, 2)))  # (ROWS, HALF) each
+    return tl.reshape(tl.join(xe * c - xo * s, xe * s + xo * c), (ROWS, BLOCK_D))
+
+
+rope_tables: Any = triton.jit(_rope_tables) if HAS_TRITON else None
+norm_rope: Any = triton.jit(_norm_rope) if HAS_TRITON else None
+
+
 def _qkv_prep_kernel(
     qkv_ptr,  # (B, T, 3, Hh, Dh), strides (s_qkv_b, s_qkv_t, s_qkv_c, s_qkv_h, 1)
     q_weight_ptr,  # (Dh,)
@@ -179,7 +201,6 @@ def _qkv_prep_kernel(
 ):
     """One program: BLOCK_T tokens x BLOCK_H heads, as ROWS = BLOCK_T * BLOCK_H rows of one head vector."""
     ROWS: tl.constexpr = BLOCK_T * BLOCK_H
-    HALF: tl.constexpr = BLOCK_D // 2
     r = tl.arange(0, ROWS)  # (ROWS,)
     n = tl.program_id(0).to(tl.int64) * BLOCK_T + r // BLOCK_H  # (ROWS,) flat token b * T + t
     h = tl.program_id(1).to(tl.int64) * BLOCK_H + r % BLOCK_H  # (ROWS,) head
@@ -196,22 +217,12 @@ def _qkv_prep_kernel(
     xk = tl.load(src + s_qkv_c, mask=mask, other=0.0).to(tl.float32)
     xv = tl.load(src + 2 * s_qkv_c, mask=mask, other=0.0)
 
-    # RMSNorm over Dh in float32 (masked lanes are 0 and do not count).
+    # RMSNorm in float32, then RoPE on adjacent pairs.
     wq = tl.load(q_weight_ptr + d, mask=d_ok, other=0.0).to(tl.float32)  # (BLOCK_D,)
     wk = tl.load(k_weight_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-    xq = xq * tl.rsqrt(tl.sum(xq * xq, axis=1) / HEAD_DIM + eps)[:, None] * wq[None, :]  # (ROWS, BLOCK_D)
-    xk = xk * tl.rsqrt(tl.sum(xk * xk, axis=1) / HEAD_DIM + eps)[:, None] * wk[None, :]
-
-    # RoPE on adjacent pairs: split each row into its even and odd lanes.
-    i = tl.arange(0, HALF)  # (HALF,)
-    rope_mask = row_ok[:, None] & (i < HEAD_DIM // 2)[None, :]  # (ROWS, HALF)
-    rope_off = (t * s_rope_t)[:, None] + i[None, :]  # (ROWS, HALF)
-    c = tl.load(cos_ptr + rope_off, mask=rope_mask, other=0.0)
-    s = tl.load(sin_ptr + rope_off, mask=rope_mask, other=0.0)
-    qe, qo = tl.split(tl.reshape(xq, (ROWS, HALF, 2)))  # (ROWS, HALF) each
-    ke, ko = tl.split(tl.reshape(xk, (ROWS, HALF, 2)))
-    yq = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), (ROWS, BLOCK_D))  # (ROWS, BLOCK_D)
-    yk = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), (ROWS, BLOCK_D))
+    c, s = rope_tables(cos_ptr, sin_ptr, t, row_ok, s_rope_t, HEAD_DIM, BLOCK_D)  # (ROWS, HALF) each
+    yq = norm_rope(xq, wq, c, s, eps, HEAD_DIM, ROWS, BLOCK_D)  # (ROWS, BLOCK_D)
+    yk = norm_rope(xk, wk, c, s, eps, HEAD_DIM, ROWS, BLOCK_D)
 
     # q out in (B, Hh, T, Dh).
     q_dst = q_out_ptr + (b * s_qo_b + h * s_qo_h + t * s_qo_t)[:, None] + d[None, :]  # (ROWS, BLOCK_D)
@@ -268,21 +279,12 @@ def qkv_prep_triton(
     and `num_warps` override the tiling, for benchmarks.
     """
     b, t, hh, dh, s = _check_args(qkv, q_weight, k_weight, cos, sin, k_cache, v_cache, offset, eps, out)
-    check_triton_mode("qkv_prep_triton")
-    if qkv.device.type != "cuda" and not interpreter_enabled():
-        raise ValueError(
-            f"qkv_prep_triton: tensors are on {qkv.device}; the Triton kernel needs CUDA tensors, or "
-            "TRITON_INTERPRET=1 in the environment for CPU tensors; use backend='torch' on CPU"
-        )
+    from_ptr, offset_ptr, offset_value, guard = launch_prelude(qkv, offset, "qkv_prep_triton")
     bt, bh, bd = _block_sizes(hh, dh, block_t, block_h)
     if out is None:
         out = torch.empty((b, hh, t, dh), dtype=qkv.dtype, device=qkv.device)  # (B, Hh, T, Dh)
-    from_ptr = isinstance(offset, torch.Tensor)
-    offset_ptr = offset if isinstance(offset, torch.Tensor) else qkv  # the dummy is never read
-    offset_value = 0 if isinstance(offset, torch.Tensor) else offset
     kernel = jit_for_current_mode(_qkv_prep_kernel, do_not_specialize=["offset_value"])
     grid = (-(-(b * t) // bt), -(-hh // bh))
-    guard = torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext()
     with guard:
         kernel[grid](
             qkv, q_weight, k_weight, cos, sin, out, k_cache, v_cache, offset_ptr, offset_value,
@@ -323,13 +325,34 @@ def qkv_prep(
     backend: "auto" = Triton on CUDA (when installed), the PyTorch reference on CPU; "triton" forces the
     kernel (on CPU only under TRITON_INTERPRET=1); "torch" forces the reference.
     """
-    if backend == "auto":
-        backend = "triton" if qkv.is_cuda and HAS_TRITON else "torch"
-    if backend == "triton":
+    if pick_write_backend(backend, qkv, "qkv_prep") == "triton":
         return qkv_prep_triton(qkv, q_weight, k_weight, cos, sin, k_cache, v_cache, offset, eps, out=out)
-    if backend == "torch":
-        return qkv_prep_ref(qkv, q_weight, k_weight, cos, sin, k_cache, v_cache, offset, eps, out=out)
-    raise ValueError(f"qkv_prep: backend={backend!r} is not one of 'auto', 'triton', 'torch'")
+    return qkv_prep_ref(qkv, q_weight, k_weight, cos, sin, k_cache, v_cache, offset, eps, out=out)
+
+
+def pick_write_backend(backend: QKVPrepBackend, qkv: torch.Tensor, where: str) -> Literal["triton", "torch"]:
+    """The backend `backend` means for `qkv` ("auto": Triton on CUDA when installed, else the reference)."""
+    if backend == "auto":
+        return "triton" if qkv.is_cuda and HAS_TRITON else "torch"
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"{where}: backend={backend!r} is not one of 'auto', 'triton', 'torch'")
+    return backend
+
+
+def launch_prelude(qkv: torch.Tensor, offset: int | torch.Tensor,
+                   where: str) -> tuple[bool, torch.Tensor, int, contextlib.AbstractContextManager[Any]]:
+    """What a cache-write launcher does before its kernel: check the mode and the device, pass the offset as
+    (from a pointer?, that pointer or a dummy never read, its value), guard the device."""
+    check_triton_mode(where)
+    if qkv.device.type != "cuda" and not interpreter_enabled():
+        raise ValueError(
+            f"{where}: tensors are on {qkv.device}; the Triton kernel needs CUDA tensors, or "
+            "TRITON_INTERPRET=1 in the environment for CPU tensors; use backend='torch' on CPU"
+        )
+    guard = torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext()
+    if isinstance(offset, torch.Tensor):
+        return True, offset, 0, guard
+    return False, qkv, offset, guard
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -354,32 +377,8 @@ def _check_args(
     def fail(msg: str) -> ValueError:
         return ValueError(f"qkv_prep: {msg}")
 
-    if qkv.ndim != 5 or qkv.shape[2] != 3:
-        raise fail(f"qkv has shape {tuple(qkv.shape)}; expected (B, T, 3, Hh, Dh), a view of the fused QKV output")
-    b, t, _, hh, dh = qkv.shape
-    if min(b, t, hh) < 1:
-        raise fail(f"qkv has shape {tuple(qkv.shape)}; B, T and Hh must all be >= 1")
-    if dh % 2 or not 2 <= dh <= _MAX_HEAD_DIM:
-        raise fail(f"head dim Dh={dh} must be even and in [2, {_MAX_HEAD_DIM}] (RoPE rotates pairs)")
-    if qkv.dtype not in _COMPUTE_DTYPES:
-        raise fail(f"qkv has dtype {qkv.dtype}; expected one of float32, bfloat16, float16")
-    if qkv.stride(-1) != 1:
-        raise fail(f"qkv has strides {qkv.stride()}; the last dim (Dh) must be contiguous (stride 1)")
+    b, t, hh, dh = check_write_inputs(fail, qkv, q_weight, k_weight, cos, sin)
     dev = qkv.device
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w.shape != (dh,) or not w.is_floating_point() or w.stride(0) != 1:
-            raise fail(
-                f"{name} has shape {tuple(w.shape)}, dtype {w.dtype}, strides {w.stride()}; "
-                f"expected a contiguous floating tensor of shape ({dh},) = (Dh,)"
-            )
-    for name, table in (("cos", cos), ("sin", sin)):
-        if table.shape != (t, dh // 2) or table.dtype != torch.float32 or table.stride(-1) != 1:
-            raise fail(
-                f"{name} has shape {tuple(table.shape)}, dtype {table.dtype}, strides {table.stride()}; "
-                f"expected float32 ({t}, {dh // 2}) = (T, Dh/2) with a contiguous last dim"
-            )
-    if cos.stride() != sin.stride():
-        raise fail(f"cos strides {cos.stride()} differ from sin strides {sin.stride()}; make both contiguous")
     if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hh) or k_cache.shape[3] != dh:
         raise fail(f"k_cache has shape {tuple(k_cache.shape)}; expected ({b}, {hh}, S, {dh}) = (B, Hh, S, Dh)")
     if v_cache.shape != k_cache.shape:
@@ -416,3 +415,35 @@ def _check_args(
     if not eps > 0:
         raise fail(f"eps={eps} must be > 0")
     return b, t, hh, dh, s
+
+
+def check_write_inputs(fail: Callable[[str], ValueError], qkv: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[int, int, int, int]:
+    """The checks of a cache write's inputs (qkv, the norm weights, the RoPE tables), shared by the bf16 and FP8
+    writes; returns (B, T, Hh, Dh)."""
+    if qkv.ndim != 5 or qkv.shape[2] != 3:
+        raise fail(f"qkv has shape {tuple(qkv.shape)}; expected (B, T, 3, Hh, Dh), a view of the fused QKV output")
+    b, t, _, hh, dh = qkv.shape
+    if min(b, t, hh) < 1:
+        raise fail(f"qkv has shape {tuple(qkv.shape)}; B, T and Hh must all be >= 1")
+    if dh % 2 or not 2 <= dh <= _MAX_HEAD_DIM:
+        raise fail(f"head dim Dh={dh} must be even and in [2, {_MAX_HEAD_DIM}] (RoPE rotates pairs)")
+    if qkv.dtype not in _COMPUTE_DTYPES:
+        raise fail(f"qkv has dtype {qkv.dtype}; expected one of float32, bfloat16, float16")
+    if qkv.stride(-1) != 1:
+        raise fail(f"qkv has strides {qkv.stride()}; the last dim (Dh) must be contiguous (stride 1)")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.shape != (dh,) or not w.is_floating_point() or w.stride(0) != 1:
+            raise fail(
+                f"{name} has shape {tuple(w.shape)}, dtype {w.dtype}, strides {w.stride()}; "
+                f"expected a contiguous floating tensor of shape ({dh},) = (Dh,)"
+            )
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.shape != (t, dh // 2) or table.dtype != torch.float32 or table.stride(-1) != 1:
+            raise fail(
+                f"{name} has shape {tuple(table.shape)}, dtype {table.dtype}, strides {table.stride()}; "
+                f"expected float32 ({t}, {dh // 2}) = (T, Dh/2) with a contiguous last dim"
+            )
+    if cos.stride() != sin.stride():
+        raise fail(f"cos strides {cos.stride()} differ from sin strides {sin.stride()}; make both contiguous")
+    return b, t, hh, dh

@@ -37,7 +37,6 @@ Public API:
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Literal
 
@@ -45,14 +44,22 @@ import torch
 
 from kernels._triton import (
     HAS_TRITON,
-    check_triton_mode,
     interpreter_enabled,
     jit_for_current_mode,
     next_power_of_2,
     to_e4m3,
 )
 from kernels.fp8 import FP8, FP8_MAX
-from kernels.qkv_prep import QKVPrepBackend, rms_norm_ref, rope_ref
+from kernels.qkv_prep import (
+    QKVPrepBackend,
+    check_write_inputs,
+    launch_prelude,
+    norm_rope,
+    pick_write_backend,
+    rms_norm_ref,
+    rope_ref,
+    rope_tables,
+)
 
 if HAS_TRITON:
     import triton.language as tl
@@ -159,7 +166,6 @@ def _qkv_prep_fp8_kernel(
 ):  # fmt: skip
     """One program: BLOCK_T consecutive tokens of one head of one batch (grid: T blocks, Hh, B). Tokens are
     the tile's first axis, so the transposed V store is contiguous along them."""
-    HALF: tl.constexpr = BLOCK_D // 2
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -181,17 +187,9 @@ def _qkv_prep_fp8_kernel(
     tl.store(qk_scale_ptr, sq, mask=first)
     tl.store(qk_scale_ptr + 1, sk, mask=first)
 
-    xq = xq * tl.rsqrt(tl.sum(xq * xq, axis=1) / HEAD_DIM + eps)[:, None] * wq[None, :]
-    xk = xk * tl.rsqrt(tl.sum(xk * xk, axis=1) / HEAD_DIM + eps)[:, None] * wk[None, :]
-    i = tl.arange(0, HALF)
-    rope_off = t[:, None] * s_rope_t + i[None, :]  # (BLOCK_T, Dh/2)
-    rope_mask = t_ok[:, None] & (i < HEAD_DIM // 2)[None, :]
-    c = tl.load(cos_ptr + rope_off, mask=rope_mask, other=0.0)
-    s = tl.load(sin_ptr + rope_off, mask=rope_mask, other=0.0)
-    qe, qo = tl.split(tl.reshape(xq, (BLOCK_T, HALF, 2)))
-    ke, ko = tl.split(tl.reshape(xk, (BLOCK_T, HALF, 2)))
-    yq = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), (BLOCK_T, BLOCK_D))
-    yk = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), (BLOCK_T, BLOCK_D))
+    c, s = rope_tables(cos_ptr, sin_ptr, t, t_ok, s_rope_t, HEAD_DIM, BLOCK_D)  # (BLOCK_T, Dh/2) each
+    yq = norm_rope(xq, wq, c, s, eps, HEAD_DIM, BLOCK_T, BLOCK_D)  # (BLOCK_T, BLOCK_D)
+    yk = norm_rope(xk, wk, c, s, eps, HEAD_DIM, BLOCK_T, BLOCK_D)
 
     q_dst = q_out_ptr + b * s_qo_b + h * s_qo_h + t.to(tl.int64)[:, None] * s_qo_t + d[None, :]
     tl.store(q_dst, to_e4m3(yq / sq, INTERPRET), mask=mask)
@@ -236,22 +234,15 @@ def qkv_prep_fp8_triton(
     """`qkv_prep_fp8_ref` in one Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
     b, t, hh, dh, s = _check(qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, out,
                              v_layout)
-    check_triton_mode("qkv_prep_fp8_triton")
-    if qkv.device.type != "cuda" and not interpreter_enabled():
-        raise ValueError(f"qkv_prep_fp8_triton: tensors are on {qkv.device}; the Triton kernel needs CUDA tensors, "
-                         "or TRITON_INTERPRET=1 for CPU tensors; use backend='torch' on CPU")
+    from_ptr, offset_ptr, offset_value, guard = launch_prelude(qkv, offset, "qkv_prep_fp8_triton")
     if block_t < 1 or block_t & (block_t - 1):
         raise ValueError(f"qkv_prep_fp8_triton: block_t={block_t} must be a power of two >= 1")
     if out is None:
         out = torch.empty((b, hh, t, dh), dtype=FP8, device=qkv.device)
-    from_ptr = isinstance(offset, torch.Tensor)
-    offset_ptr = offset if isinstance(offset, torch.Tensor) else qkv
-    offset_value = 0 if isinstance(offset, torch.Tensor) else offset
     kernel = jit_for_current_mode(_qkv_prep_fp8_kernel, do_not_specialize=["offset_value"])
     v_strides = ((vt_cache.stride(0), vt_cache.stride(1), 1, vt_cache.stride(2), 0, 0) if v_layout == "tensor" else
                  (vt_cache.stride(0), vt_cache.stride(1), vt_cache.stride(2), 1, v_scale.stride(0), v_scale.stride(1)))
     grid = (-(-t // block_t), hh, b)
-    guard = torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext()
     with guard:
         kernel[grid](
             qkv, q_weight, k_weight, cos, sin, out, k_cache, vt_cache, v_scale, qk_scale, offset_ptr, offset_value,
@@ -286,14 +277,10 @@ def qkv_prep_fp8(
     v_layout: VLayout = "rows_transposed",
 ) -> torch.Tensor:
     """The FP8 cache write; "auto" = Triton on CUDA (when installed), the reference elsewhere."""
-    if backend == "auto":
-        backend = "triton" if qkv.is_cuda and HAS_TRITON else "torch"
     args = (qkv, q_weight, k_weight, cos, sin, k_cache, vt_cache, v_scale, qk_scale, offset, eps)
-    if backend == "triton":
+    if pick_write_backend(backend, qkv, "qkv_prep_fp8") == "triton":
         return qkv_prep_fp8_triton(*args, out=out, v_layout=v_layout)
-    if backend == "torch":
-        return qkv_prep_fp8_ref(*args, out=out, v_layout=v_layout)
-    raise ValueError(f"qkv_prep_fp8: backend={backend!r} is not one of 'auto', 'triton', 'torch'")
+    return qkv_prep_fp8_ref(*args, out=out, v_layout=v_layout)
 
 
 def _check(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -305,23 +292,7 @@ def _check(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, co
     def fail(msg: str) -> ValueError:
         return ValueError(f"qkv_prep_fp8: {msg}")
 
-    if qkv.ndim != 5 or qkv.shape[2] != 3:
-        raise fail(f"qkv has shape {tuple(qkv.shape)}; expected (B, T, 3, Hh, Dh)")
-    b, t, _, hh, dh = qkv.shape
-    if qkv.dtype not in (torch.float32, torch.bfloat16, torch.float16) or qkv.stride(-1) != 1:
-        raise fail(f"qkv has dtype {qkv.dtype}, strides {qkv.stride()}; expected float32/bfloat16/float16 with "
-                   "a contiguous last dim")
-    if dh % 2 or dh > 256:
-        raise fail(f"head dim Dh={dh} must be even and <= 256")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w.shape != (dh,) or w.stride(0) != 1:
-            raise fail(f"{name} has shape {tuple(w.shape)}; expected a contiguous ({dh},) = (Dh,)")
-    for name, table in (("cos", cos), ("sin", sin)):
-        if table.shape != (t, dh // 2) or table.dtype != torch.float32 or table.stride(-1) != 1:
-            raise fail(f"{name} has shape {tuple(table.shape)}, dtype {table.dtype}; expected float32 "
-                       f"({t}, {dh // 2}) = (T, Dh/2) with a contiguous last dim")
-    if cos.stride() != sin.stride():
-        raise fail(f"cos strides {cos.stride()} differ from sin strides {sin.stride()}; make both contiguous")
+    b, t, hh, dh = check_write_inputs(fail, qkv, q_weight, k_weight, cos, sin)
     if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hh) or k_cache.shape[3] != dh or k_cache.dtype != FP8:
         raise fail(f"k_cache is {k_cache.dtype} {tuple(k_cache.shape)}; expected {FP8} ({b}, {hh}, S, {dh})")
     s = k_cache.shape[2]
