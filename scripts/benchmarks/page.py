@@ -78,19 +78,23 @@ HEADLINE: tuple[Figure, ...] = (
     Figure("`57b` DiT rank of 4, bf16, one chunk (FLOP floor)",
            "h200/step_57b_h100x5_rank.json",
            lambda rs: f"{rs[-1]['modes']['write_time']['ms_p50']:.1f} ms ({rs[-1]['floor_ms']:.1f})",
-           "scripts/benchmarks/bench_step.py --preset 57b --topology h100x5 --device cuda --no-decoder"),
+           "scripts/benchmarks/bench_step.py --preset 57b --topology h100x5 --device cuda --no-decoder "
+           "--out benchmarks/h200/step_57b_h100x5_rank.json"),
     Figure("`57b` DiT rank of 4, FP8 + cuDNN FP8 attention", "h200/step_57b_tp4_fp8_cudnn.json",
            lambda rs: f"{_row(rs[-1], 'variant', 'sp:fp8:fp8-cudnn', 'ms_p50'):.1f} ms",
-           "scripts/benchmarks/bench_fp8.py steps --preset 57b --ranks 4"),
+           "scripts/benchmarks/bench_fp8.py steps --ranks 4 --variants sp:fp8:fp8-cudnn "
+           "--out benchmarks/h200/step_57b_tp4_fp8_cudnn.json"),
     Figure("`57b` DiT rank of 3, FP8 + cuDNN FP8 attention", "h200/step_57b_tp3_fp8_cudnn.json",
            lambda rs: f"{_row(rs[-1], 'variant', 'sp:fp8:fp8-cudnn', 'ms_p50'):.1f} ms",
-           "scripts/benchmarks/bench_fp8.py steps --preset 57b --ranks 3"),
+           "scripts/benchmarks/bench_fp8.py steps --ranks 3 --variants sp:fp8:fp8-cudnn "
+           "--out benchmarks/h200/step_57b_tp3_fp8_cudnn.json"),
     Figure("`57b` DiT rank of 3 / 4, FP8, local layers, 16 parts",
            "h100/preempt_57b_tp3_spl.json",
            lambda rs: f"{_row(rs[-1], 'groups', 16, 'step_ms'):.1f} / "
                       f"{_row(results.latest(BENCH / 'h100/preempt_57b_tp4_spl.json'), 'groups', 16, 'step_ms'):.1f}"
                       " ms",
-           "scripts/benchmarks/bench_preempt.py --ranks 3 --layout spl"),
+           "scripts/benchmarks/bench_preempt.py --ranks 3 --layout spl "
+           "--out benchmarks/h100/preempt_57b_tp3_spl.json"),
     Figure("Decoder, 704x1088, one 4-frame chunk (FLOP floor)", "h200/decoder_57b.json",
            lambda rs: f"{rs[-1]['ms']['windows_graph_bench']:.1f} ms ({rs[-1]['floor_ms']:.1f})",
            "scripts/benchmarks/bench_decoder.py --preset 57b --device cuda"),
@@ -104,7 +108,8 @@ HEADLINE: tuple[Figure, ...] = (
     Figure("`57b` DiT rank of 2 with NCCL collectives",
            "h200x2/tp_57b_2_all.json",
            lambda rs: f"{rs[-1]['rows']['replicated']['ms_p50']:.1f} ms",
-           "scripts/benchmarks/bench_tp.py --preset 57b --ranks 2 --device cuda"),
+           "scripts/benchmarks/bench_tp.py --preset 57b --ranks 2 --device cuda "
+           "--out benchmarks/h200x2/tp_57b_2_all.json"),
 )
 
 
