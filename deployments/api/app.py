@@ -47,6 +47,7 @@ from deployments.api.avatars import Avatar, AvatarRegistry
 from deployments.api.errors import ApiError, ErrorCode
 from deployments.api.frontend import SessionFrontend
 from deployments.api.grpc_service import GRPC_SERVICER_FUNCTIONS, CharactersGrpc
+from deployments.api.health import Readiness, add_health_routes
 from deployments.api.http import build_http_app
 from deployments.api.realtime import RealtimeBook, RealtimeRegistry
 from deployments.api.requests import ApiConfig, known_query
@@ -229,6 +230,7 @@ class SharedUsage(UsageRegistry):
     """`UsageRegistry` over the shared actor."""
 
     def __init__(self, shared: SharedState) -> None:
+        super().__init__()
         self._shared = shared
 
     async def _call(self, method: str, *args: Any) -> Any:
@@ -268,6 +270,7 @@ class _Ingress(CharactersGrpc):
         shared = SharedState(database_url(service.data_dir, service.database_url))  # one for all replicas
         self.frontend = SessionFrontend(self.scheduler, api, SharedAvatars(shared), SharedRealtime(shared))
         self.usage = SharedUsage(shared)
+        self.readiness = Readiness(self.scheduler, service.warm_slots)
         self.livekit = WatchSettings.from_env()  # the service's own LiveKit server
         logger.info("characters ingress: preset %s, API keys %s", service.preset,
                     f"on ({len(self.keys.ids)} ids)" if self.keys.enabled else "off")
@@ -276,6 +279,7 @@ class _Ingress(CharactersGrpc):
         app = add_watch_routes(build_http_app(self.frontend, self.keys, self.livekit), self.frontend, self.livekit)
         bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured")),
                   Depends(known_query)]
+        add_health_routes(app, self.readiness)
         add_usage_routes(app, self.usage, {"dependencies": bearer, "tags": ["usage"]},
                          {"dependencies": [*bearer, Depends(RunwayClient())], "tags": ["runway"]})
         return telemetry_http.install(app)  # request spans, outermost

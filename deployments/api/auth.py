@@ -12,7 +12,7 @@ Tenancy: a key is a tenant. Its sessions (`SessionInfo.owner`) and avatars are i
 404 everywhere (never 403: ids do not leak); an operator key sees, feeds and ends every tenant's. The
 front end applies it (`deployments.api.frontend`, `Caller.owns`).
 
-When keys are configured every route except `/healthz` and the watch page's files (`/`, `/watch/...`)
+When keys are configured every route except `/healthz`, `/readyz` and the watch page's files (`/`, `/watch/...`)
 needs `Authorization: Bearer <key>` (HTTP and WebSocket handshakes) or `authorization: Bearer <key>` metadata
 (gRPC). `POST /v1/realtime_sessions/{id}/consume` is the one route whose bearer is not an API key but the
 session's own key (a browser holds it; the route checks it). The quota of live sessions per key
@@ -36,7 +36,7 @@ from deployments.settings import EnvVar
 API_KEYS = EnvVar("CHARACTERS_API_KEYS", str, "", "comma-separated key_id[@operator]:key pairs (or bare keys); "
                   "empty: no auth")
 API_KEYS_ENV = API_KEYS.name
-OPEN_PATHS = frozenset({"/healthz", "/", "/watch"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/watch"})
 OPEN_PREFIXES = ("/watch/",)  # the watch page's static files: no data (its API calls carry the key)
 SESSION_KEY_PATHS = re.compile(r"^/v1/realtime_sessions/[^/]+/consume$")  # bearer: the session key (the route's)
 MIN_KEY_LENGTH = 16

@@ -20,17 +20,23 @@ from pydantic.alias_generators import to_camel
 
 from deployments.api.errors import ApiError, ErrorCode, error_responses
 from deployments.api.requests import caller
+from deployments.store import UsageQueries
 from deployments.store.usage import MAX_RANGE_DAYS
 
 DEFAULT_DAYS = 30
 
 
 class UsageRegistry:
-    """The usage questions as the routes ask them; `_call` sends them to `deployments.store.UsageQueries` (the
-    service's shared actor holds one: `deployments.api.app.SharedUsage`)."""
+    """The usage questions as the routes ask them, answered by a `deployments.store.UsageQueries` in this process
+    (tests, one replica); `deployments.api.app.SharedUsage` sends them to the service's shared actor instead."""
+
+    def __init__(self, queries: UsageQueries | None = None) -> None:
+        self._queries = queries
 
     async def _call(self, method: str, *args: Any) -> Any:
-        raise NotImplementedError
+        if self._queries is None:
+            raise ApiError(503, "usage_unavailable", "this server keeps no session records (no database)")
+        return getattr(self._queries, method)(*args)
 
     async def runway(self, owner: str | None, everyone: bool, start: datetime.date,
                      end: datetime.date) -> dict[str, Any]:

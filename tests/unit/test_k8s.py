@@ -43,7 +43,7 @@ SIZING = {
     "b200-b200x3": ("b200x3", "B200", 2, 2),
 }
 GPU_KEYS = ("nvidia.com/gpu", "amd.com/gpu", "gpu")
-SECRET_ENV = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET", "CHARACTERS_API_KEYS")
+SECRET_ENV = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET", "CHARACTERS_API_KEYS", "CHARACTERS_DATABASE_URL")
 SECRET_NAME = re.compile(r"(KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 PRESTOP_MARGIN_S = 30  # grace period left for `ray stop` after the preStop wait
 INGRESS = "CharactersIngress"  # deployments.api.app's ingress deployment
@@ -526,10 +526,27 @@ def telemetry_problems(docs: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def probe_problems(rs: Mapping[str, Any]) -> list[str]:
+    """Every GPU worker's container is probed through its node's Serve proxy: readiness on /readyz (the scheduler
+    answers and the warm slots are warm), liveness on /healthz, both on the port Serve's HTTP listens on."""
+    port = serve_config(rs).get("http_options", {}).get("port", 8000)
+    problems = []
+    for name, g in groups(rs):
+        if name == "head":
+            continue
+        for c in g["template"]["spec"]["containers"]:
+            for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+                got = c.get(probe, {}).get("httpGet", {})
+                if (got.get("path"), got.get("port")) != (path, port):
+                    problems.append(f"{name}/{c['name']}: {probe} is {got or None}; need httpGet {path} on {port}")
+    return problems
+
+
 def rayservice_problems(rs: Mapping[str, Any], pinned: str) -> list[str]:
     return (schema_problems(rs) + head_gpu_problems(rs) + requests_limits_problems(rs) + bundle_fit_problems(rs)
             + ray_version_problems(rs, pinned) + image_problems(rs) + autoscaler_problems(rs)
-            + warm_slot_problems(rs) + upgrade_problems(rs) + serve_config_problems(rs) + builder_problems(rs))
+            + warm_slot_problems(rs) + upgrade_problems(rs) + serve_config_problems(rs) + builder_problems(rs)
+            + probe_problems(rs))
 
 
 # ------------------------------------------------------------------------------------- the rendered manifests
@@ -710,6 +727,16 @@ def test_secret_invariant(rs: dict[str, Any]) -> None:
         "h100-8gpu/ray-worker: envFrom.secretRef everything; use secretKeyRef",
         "h100-8gpu/ray-worker: LIVEKIT_API_SECRET is not from a secretKeyRef",
         "h100-8gpu/ray-worker: LIVEKIT_API_SECRET must come from a secretKeyRef",
+    ]
+
+
+def test_probe_invariant(rs: dict[str, Any]) -> None:
+    c = worker(rs)["template"]["spec"]["containers"][0]
+    del c["readinessProbe"]
+    c["livenessProbe"]["httpGet"]["path"] = "/readyz"  # a liveness that fails while slots warm: restarts
+    assert probe_problems(rs) == [
+        "h100-8gpu/ray-worker: readinessProbe is None; need httpGet /readyz on 8000",
+        "h100-8gpu/ray-worker: livenessProbe is {'path': '/readyz', 'port': 8000}; need httpGet /healthz on 8000",
     ]
 
 

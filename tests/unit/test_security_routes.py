@@ -10,13 +10,17 @@ app is built as the ingress builds it (`deployments.api.app._Ingress`), in proce
 from __future__ import annotations
 
 import asyncio
+import datetime
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from fastapi import Depends, Security
 from fastapi.routing import APIRoute, APIWebSocketRoute
+from fastapi.security import HTTPBearer
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -27,14 +31,20 @@ from test_api_validation import LIMITS, MemoryScheduler, b64, png
 from deployments.api.auth import OPEN_PATHS, OPEN_PREFIXES, SESSION_KEY_PATHS, WS_POLICY_VIOLATION, ApiKeys
 from deployments.api.frontend import SessionFrontend
 from deployments.api.grpc_service import CharactersGrpc, GrpcAbort
+from deployments.api.health import Readiness, add_health_routes
 from deployments.api.http import build_http_app
 from deployments.api.proto import characters_pb2 as pb
+from deployments.api.requests import known_query
+from deployments.api.runway import RunwayClient
+from deployments.api.usage import UsageRegistry, add_usage_routes
 from deployments.api.watch import WatchSettings, add_watch_routes
 from deployments.livekit.config import mint_token
+from deployments.store import SessionRows, UsageQueries, open_engine
+from deployments.store.db import MEMORY_URL
 from deployments.types import NoCapacity
 
 KEY = "security-key-0123456789abcdef"
-ALLOWED_OPEN = {"/healthz", "/", "/watch"}  # health, and the watch page's redirect and files (no data)
+ALLOWED_OPEN = {"/healthz", "/readyz", "/", "/watch"}  # health, readiness, the watch page's redirect and files
 SECRET = "LK-SECRET-7f3a9c2e51d84b06a1-0123456789"  # a recognisable LiveKit API secret
 TOKEN = mint_token("devkey", SECRET, room="r", identity="character")  # a real JWT, signed with it
 
@@ -52,6 +62,12 @@ def served_app(sched: Any, keys: ApiKeys | None = None, livekit: WatchSettings =
     frontend = SessionFrontend(sched, LIMITS)
     keys = keys or ApiKeys.from_keys([("sec", KEY)])
     app = add_watch_routes(build_http_app(frontend, keys, livekit), frontend, livekit)
+    engine = open_engine(MEMORY_URL)  # the session records usage is read from (the walk writes one of a's)
+    app.state.records = SessionRows(engine, "test")
+    bearer = [Security(HTTPBearer(auto_error=False)), Depends(known_query)]
+    add_health_routes(app, Readiness(sched, warm_slots=0))
+    add_usage_routes(app, UsageRegistry(UsageQueries(engine)), {"dependencies": bearer},
+                     {"dependencies": [*bearer, Depends(RunwayClient())]})
 
     @app.websocket("/v1/probe-ws")  # a WebSocket route, so the middleware's WebSocket branch is walked too
     async def probe(ws: WebSocket) -> None:
@@ -128,9 +144,11 @@ SCOPED = {  # names a session or an avatar in its path: another key's is 404, as
     ("GET", "/v1/avatars/{avatar_id}"), ("PATCH", "/v1/avatars/{avatar_id}"), ("DELETE", "/v1/avatars/{avatar_id}"),
 }
 LISTS = {("GET", "/v1/sessions"), ("GET", "/v1/avatars")}  # the caller's own only; an operator's: all
+USAGE = {("GET", "/v1/usage"), ("GET", "/v1/avatar_usage")}  # the caller's own sessions' figures; an operator's: all
 BY_BODY = {("POST", "/v1/watch/token"): "roomName", ("POST", "/v1/realtime_sessions"): "avatar.avatarId"}
 CREATES = {("POST", "/v1/sessions"), ("POST", "/v1/avatars"), ("POST", "/v1/watch/sessions")}  # own things only
 SERVICE = {("GET", "/v1/capacity"), ("GET", "/v1/watch/config"), ("GET", "/v1/livekit"), ("GET", "/healthz"),
+           ("GET", "/readyz"),
            ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"),
            ("GET", "/"), ("GET", "/watch/samples/{name}"), ("GET", "/v1/probe-ws")}  # no tenant's data
 SESSION_KEYED = {("POST", "/v1/realtime_sessions/{session_id}/consume")}  # the session key is the credential
@@ -152,6 +170,9 @@ def test_every_route_keeps_tenants_apart_with_two_keys_and_an_operator_sees_all(
         runway = client.post("/v1/realtime_sessions", headers=AS["a"], json={
             "model": "gwm1_avatars", "avatar": {"type": "custom", "avatarId": avatar}}).json()["id"]
         a_sessions = {native, watched["session"]["id"], runway}
+        app.state.records.save(sched.infos[native], 1, time.time())  # its record, as the scheduler writes it
+        today = datetime.datetime.now(datetime.UTC).date()
+        days = f"?startDate={today}&endDate={today + datetime.timedelta(days=1)}"
         assert {s.api_key_id for s in sched.specs.values()} == {"a"} and set(sched.specs) == a_sessions
         ids = {"session_id": runway, "avatar_id": avatar, "name": "face.png"}
         bodies: dict[tuple[str, str], Any] = {
@@ -196,6 +217,13 @@ def test_every_route_keeps_tenants_apart_with_two_keys_and_an_operator_sees_all(
                     assert resp.status_code in (404, 422) and err["field"] == BY_BODY[op] and err["code"] in (
                         "session_not_found", "avatar_not_found"), (op, resp.text)
                     assert client.request(method, path, **with_key("ops", kw)).status_code in (200, 201), op
+                elif op in USAGE:
+                    mine, every = client.get(path + days, headers=AS["b"]), client.get(path + days, headers=AS["ops"])
+                    assert mine.status_code == every.status_code == 200, (op, mine.text)
+                    if path == "/v1/usage":
+                        assert mine.json()["data"] == [] and [u["tenant"] for u in every.json()["data"]] == ["a"]
+                    else:
+                        assert (mine.json()["totalSessions"], every.json()["totalSessions"]) == (0, 1), op
                 elif op in LISTS:
                     key = "sessions" if "sessions" in path else "data"
                     assert client.get(path, headers=AS["b"]).json()[key] == [], op
@@ -203,7 +231,7 @@ def test_every_route_keeps_tenants_apart_with_two_keys_and_an_operator_sees_all(
                         a_sessions if key == "sessions" else {avatar}), op
                 else:
                     assert op in CREATES | SERVICE | SESSION_KEYED, f"{op} is not placed in a tenancy class above"
-        assert walked == SCOPED | LISTS | set(BY_BODY) | CREATES | SERVICE | SESSION_KEYED
+        assert walked == SCOPED | LISTS | USAGE | set(BY_BODY) | CREATES | SERVICE | SESSION_KEYED
         # nobody ended a's sessions (b could not; the operator's DELETEs were left out), b renamed nothing
         assert all(not sched.infos[sid].status.terminal for sid in a_sessions)
         assert client.get(f"/v1/avatars/{avatar}", headers=AS["a"]).json()["name"] == "renamed"  # by the operator
