@@ -16,7 +16,8 @@ Decisions, per chunk k:
 - urgent: idle chunks, an onset and the `urgent_chunks` - 1 after it, and speech taken less than a chunk
   before its boundary; the rest of the speech, made a chunk or more ahead, goes at the DiT's own priority;
 - preemption: idle chunks are preemptible, and an onset asks the DiT to give up the idle one in flight.
-What the playout trims, sheds and cuts is decided by `characters.pacing.Playout` from the same config.
+What the playout trims, sheds and cuts is decided by its own pure policy, `characters.pacing.TrimPolicy`,
+from the same config (`ChunkPathConfig.playout`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from characters.chunk_policy import ChunkPathConfig, ChunkPlan, ChunkPolicy
+from characters.pacing import PacingConfig, TrimPolicy
 from deployments.settings import ServiceConfig
 
 CHUNK_S = 4 / 24
@@ -112,3 +113,30 @@ def test_service_config_composes_the_chunk_path_and_takes_its_former_keys_for_a_
         ServiceConfig(chunk_path={"min_slack_s": 2.0})
     with pytest.raises(AttributeError):
         ServiceConfig().no_such_field  # noqa: B018
+
+
+def test_the_playouts_trim_policy_spares_only_a_full_window_of_slack() -> None:
+    trims = TrimPolicy(PacingConfig(min_slack_s=0.1, slack_window_s=1.0))
+    for k in range(6):  # every chunk queued 0.3 s before it was needed, one every 0.2 s
+        trims.committed(k * 0.2, 0.3, onset=False, early_s=0.0)
+    assert not trims.spare(0.99, 1 / 24)  # the window is not full yet
+    assert trims.spare(1.0, 0.19) and not trims.spare(1.0, 0.21)  # 0.3 - 0.1 of slack to spare
+    trims.take(0.15)
+    assert trims.slack_min() == pytest.approx(0.15) and not trims.spare(1.0, 0.1)
+    trims.committed(1.2, 0.0, onset=True, early_s=0.0)  # an onset's small slack is by design: not counted
+    trims.committed(1.2, 0.5, onset=False, early_s=0.45)  # made early: only 0.05 was the pipeline's
+    assert trims.slack_min() == pytest.approx(0.05)
+    assert TrimPolicy(PacingConfig()).spare(0.0, 10.0)  # no min_slack_s: latency recovery is not held back
+
+
+def test_the_playouts_trim_policy_sheds_after_a_deep_spell_and_lets_slow_chunks_widen_an_onsets_slack() -> None:
+    trims = TrimPolicy(PacingConfig(shrink_after_s=2.0, onset_slack_s=0.02))
+    assert not trims.shed_due(0.0, deep=True) and not trims.shed_due(1.9, deep=True)
+    assert trims.shed_due(2.0, deep=True)
+    trims.shed()
+    assert not trims.shed_due(2.1, deep=True)  # a new spell starts
+    assert not trims.shed_due(5.0, deep=False) and not trims.shed_due(5.1, deep=True)  # broken: starts again
+    assert trims.onset_slack() == pytest.approx(0.02)
+    trims.arrived(10.0, submitted_at=9.75)  # took 0.25 s: 0.0833 s beyond a chunk
+    trims.arrived(10.1, submitted_at=9.9)  # queued behind it: made from the previous arrival, 0.1 s
+    assert trims.onset_slack() == pytest.approx(0.02 + 0.25 - CHUNK_S)

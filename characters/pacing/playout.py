@@ -64,6 +64,9 @@ talking within a frame) until the first chunk generated after the clear arrives.
 yet played is muted the same way from the current play position (the caller must flush its audio queue:
 `ClearResult.flush_audio`). Keeping the timeline means the first chunk generated after the clear plays
 on its original schedule, with the jitter buffer's full slack (removing the gap would leave none).
+
+Why one module of this size: the playout's state (queue, committed timeline, speech ledger, segments) is one
+timeline that every operation moves; the decisions of latency recovery are apart, in `characters.pacing.trim`.
 """
 
 from __future__ import annotations
@@ -73,153 +76,24 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+
+from characters.pacing.config import PacingConfig
+from characters.pacing.events import (
+    AudioOut,
+    ClearResult,
+    PlayoutStats,
+    SegmentEvent,
+    SpeechSplit,
+    VideoOut,
+    speech_prefix,
+    to_int16,
+)
+from characters.pacing.trim import TrimPolicy
 
 CLEARED = "\x00cleared"  # ledger owner of speech taken by the generator before an interruption
 log = logging.getLogger(__name__)
-
-
-class PacingConfig(BaseModel):
-    """Playout parameters (one per room)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    fps: int = Field(default=24, ge=1, description="Video frames per second.")
-    sample_rate: int = Field(default=16000, ge=8000, description="Audio sample rate of chunks and output (Hz).")
-    frames_per_chunk: int = Field(default=4, ge=1, description="Video frames per chunk (F).")
-    audio_frame_ms: int = Field(default=10, ge=1, description="Output audio frame length (ms).")
-    target_depth: float = Field(default=1.0, ge=0, description="Jitter buffer: chunk durations the first chunk "
-                                "waits before playout starts (the slack against late chunks).")
-    max_depth: int = Field(default=3, ge=1, description="Queued chunks above which idle chunks are dropped.")
-    shrink_after_s: float = Field(default=2.0, gt=0, description="A buffer deeper than the target for this long "
-                                  "sheds one idle chunk.")
-    audio_lead_s: float = Field(default=0.04, ge=0, le=0.5, description="Audio is handed out this early; "
-                                "the sink's queue delays it by as much.")
-    max_catchup_s: float = Field(default=0.04, ge=0, description="Backlog handed out after a late poll; the rest "
-                                 "slips. Keep it <= audio_lead_s: a longer burst over-fills the sink's audio queue "
-                                 "and leaves the audio that much behind the video.")
-    min_slack_s: float | None = Field(default=None, ge=0, description="Trim idle chunks frame by frame while "
-                                      "every chunk of the last `slack_window_s` was queued this much plus a "
-                                      "frame ahead of its play time (None: off; see the module docstring).")
-    slack_window_s: float = Field(default=6.0, gt=0, description="The window of chunk slacks `min_slack_s` "
-                                  "is checked against (it must be full before anything is trimmed).")
-    onset_slack_s: float = Field(default=0.02, ge=0, description="An onset chunk (`push(onset=True)`) has its audio "
-                                 "handed out this long after it arrived (its frames `audio_lead_s` later), idle "
-                                 "content ahead of it cut to make it so (see the module docstring).")
-    stale_speech_s: float = Field(default=5.0, gt=0, description="Speech not generated this long after it was "
-                                  "sent is counted lost once a chunk without speech arrives.")
-    stats_window_s: float = Field(default=2.0, gt=0, description="Window of the fps and A/V offset stats.")
-    hold_on_clear: Literal["rest", "last"] = Field(
-        default="rest", description="What blanked (interrupted) slots show until fresh frames arrive: 'rest', "
-        "the last frame shown without speech (the character at rest, mouth closed), or 'last', the last frame "
-        "shown (possibly mid-word).")
-
-    @property
-    def chunk_s(self) -> float:
-        return self.frames_per_chunk / self.fps
-
-    @property
-    def audio_frame_samples(self) -> int:
-        return self.sample_rate * self.audio_frame_ms // 1000
-
-
-# ------------------------------------------------------------------------------------------ outputs
-
-
-@dataclass(frozen=True)
-class VideoOut:
-    """Frame slot `index` of the output; `fresh` is False for a held (repeated) frame."""
-
-    index: int
-    frame: np.ndarray  # (H, W, 3) uint8
-    fresh: bool
-    due: float
-
-
-@dataclass(frozen=True)
-class AudioOut:
-    """Output audio frame `index`: samples `[index * n, (index + 1) * n)` of the output stream (n: 10 ms),
-    or the tail of that range right after an interruption flushed the sink."""
-
-    index: int
-    samples: np.ndarray  # (n,) int16 mono
-    due: float
-
-
-@dataclass(frozen=True)
-class SegmentEvent:
-    kind: Literal["started", "finished"]
-    segment: str
-    position_s: float = 0.0  # seconds of the segment shown (finished only)
-    interrupted: bool = False
-    latency_s: float | None = None  # started only: first speech sent -> its first frame shown
-    split: SpeechSplit | None = None  # started only: where that latency went (when the chunk's submit time is known)
-    at: float | None = None  # when it happened, wall clock (time.time), where known: an interruption's clear arrived
-
-
-@dataclass(frozen=True)
-class SpeechSplit:
-    """Where a segment's start latency went, on the playout's clock: its first sample sent to generation
-    (`sent_at`) -> the chunk whose window holds it submitted (`submitted_at`; the wait for the next chunk
-    boundary) -> that chunk queued here (`arrived_at`; compute and transfer) -> its first frame with that
-    sample shown (`shown_at`; the jitter buffer). The caller's clock must be the one `push` stamps with."""
-
-    chunk: int  # the chunk's index among the chunks pushed (0 = the first)
-    sent_at: float
-    submitted_at: float
-    arrived_at: float
-    shown_at: float
-
-    @property
-    def boundary_s(self) -> float:
-        return self.submitted_at - self.sent_at
-
-    @property
-    def compute_s(self) -> float:
-        return self.arrived_at - self.submitted_at
-
-    @property
-    def buffer_s(self) -> float:
-        return self.shown_at - self.arrived_at
-
-
-@dataclass(frozen=True)
-class ClearResult:
-    events: list[SegmentEvent]  # one `finished` (interrupted) per unfinished segment, in order
-    flush_audio: bool  # unplayed output audio was cut: the sink must drop its queued audio now
-    dropped_chunks: int
-
-
-@dataclass(frozen=True)
-class PlayoutStats:
-    started: bool
-    queued_chunks: int
-    buffered_s: float  # queued chunks plus committed frames not yet shown
-    late_chunks: int  # chunks that ended a stall (they were not queued when their audio was needed)
-    underruns: int  # stalls (each is one or more held frames)
-    stall_s: float  # total time shown as held frames while waiting for a late chunk
-    dropped_idle_chunks: int  # latency recovery (max_depth, shrink_after_s)
-    trimmed_frames: int  # latency recovery within idle chunks (min_slack_s)
-    onsets: int  # chunks pushed with onset=True
-    cut_s: float  # idle content cut from the timeline ahead of onset chunks, in all
-    slack_min_s: float | None  # the least slack of the chunks committed in the last slack_window_s
-    dropped_cleared_chunks: int
-    slips: int
-    frames_sent: int
-    fresh_frames: int
-    audio_frames_sent: int
-    fps: float  # frames handed out per second over the stats window
-    fresh_fps: float  # new (not held) frames per second over the stats window
-    av_offset_ms: float  # last measured video minus audio play time (positive: video behind)
-    av_offset_max_ms: float  # largest |offset| over the stats window
-    lost_speech_samples: int
-    audio_dry: int  # audio handed out to a sink whose queue had run empty (`poll(audio_queue_s=0)`): a gap the
-    #                 viewer hears, unless right after an interruption flushed it or at the start
-    idle_after_clear_s: float | None  # last clear -> first new frame shown after it (None: none yet)
-    still_after_clear_s: float | None  # last clear -> first frame shown after it that is not speech
 
 
 # ------------------------------------------------------------------------------------------ internals
@@ -274,17 +148,6 @@ class _Slot:
     chunk: _Chunk | None = None  # the chunk it was cut from (None: a held frame of a stall)
 
 
-def speech_prefix(pcm: np.ndarray) -> int:
-    """Samples of speech at the head of a window: up to its last non-zero sample (padding is exact 0.0)."""
-    nz = np.flatnonzero(pcm)
-    return int(nz[-1]) + 1 if nz.size else 0
-
-
-def to_int16(pcm: np.ndarray) -> np.ndarray:
-    """float32 in [-1, 1] -> int16, the exact inverse of `characters.audio.pcm16_to_float`."""
-    return np.clip(np.rint(pcm * 32768.0), -32768, 32767).astype(np.int16)
-
-
 # ------------------------------------------------------------------------------------------ playout
 
 
@@ -321,12 +184,8 @@ class Playout:
         self._last_speech = False  # whether the frame held now was shown with speech
         self._still_at: float | None = None
         self._still_after: float | None = None
-        self._deep_since: float | None = None
         self._pushed = 0
-        self._slack: deque[tuple[float, float]] = deque()  # (committed at, slack) of the last slack_window_s
-        self._made: deque[tuple[float, float]] = deque()  # (arrived at, time to make) of the last slack_window_s
-        self._arrived: float | None = None  # when the last chunk arrived
-        self._slack_from: float | None = None  # when the first chunk was committed
+        self._trims = TrimPolicy(c)  # what latency recovery may trim, shed or cut (pure)
 
     # ----------------------------------------------------------------------------- speech ledger
     def speech_open(self, segment: str) -> None:
@@ -376,11 +235,7 @@ class Playout:
             raise ValueError(f"frames are {frames.shape[1:]}, earlier frames were {self._last.shape}; "
                              "the resolution is fixed for a session")
         now = self.clock()
-        if submitted_at is not None:  # made from its submit, or from the previous arrival if the pipeline was busy
-            self._made.append((now, now - max(submitted_at, self._arrived if self._arrived is not None else -math.inf)))
-            while self._made and self._made[0][0] < now - c.slack_window_s:
-                self._made.popleft()
-        self._arrived = now
+        self._trims.arrived(now, submitted_at)
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
         spans = self._take_speech(speech, now)
         index = self._pushed - 1 if continues and self._pushed else self._pushed
@@ -488,7 +343,7 @@ class Playout:
             buffered_s=len(self._queue) * c.chunk_s + len(self._slots) / c.fps,
             late_chunks=n["late"], underruns=n["underruns"], stall_s=stall, dropped_idle_chunks=n["idle"],
             trimmed_frames=n["trimmed"], onsets=n["onsets"], cut_s=self._cut_total,
-            slack_min_s=min((x for _, x in self._slack), default=None),
+            slack_min_s=self._trims.slack_min(),
             dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
             audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
             av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
@@ -578,7 +433,7 @@ class Playout:
                 self._grid = self._vc * self.cfg.sample_rate // self.cfg.fps - self._w  # the frames after it, earlier
             self._shrink(now)
             return
-        self._deep_since = None
+        self._trims.not_deep()
         if not self._stalled:
             self._stalled, self._stall_since = True, now
             self._n["underruns"] += 1
@@ -592,27 +447,9 @@ class Playout:
     def _shrink(self, now: float) -> None:
         """Chunks queued at every commit for `shrink_after_s`: the buffer is a chunk deeper than the target
         (e.g. playout was anchored on a slow first chunk); shed one idle chunk, never speech."""
-        if len(self._queue) < max(1, math.ceil(self.cfg.target_depth)) or any(q.speech for q in self._queue):
-            self._deep_since = None  # (speech queued: the generator runs ahead while it has the audio)
-        elif self._deep_since is None:
-            self._deep_since = now
-        elif (now - self._deep_since >= self.cfg.shrink_after_s and self._spare(now, self.cfg.chunk_s)
-              and self._drop_idle()):
-            self._deep_since = None
-            self._take_slack(self.cfg.chunk_s)
-
-    def _spare(self, now: float, cut_s: float) -> bool:
-        """Whether `cut_s` of the timeline can go: always without `min_slack_s`; with it, only when the full
-        window's chunks all had `cut_s` more slack than `min_slack_s`."""
-        c = self.cfg
-        if c.min_slack_s is None:
-            return True
-        return (self._slack_from is not None and now - self._slack_from >= c.slack_window_s and bool(self._slack)
-                and min(x for _, x in self._slack) >= c.min_slack_s + cut_s)
-
-    def _take_slack(self, cut_s: float) -> None:
-        """The timeline is `cut_s` shorter: every chunk from now on has that much less slack."""
-        self._slack = deque((t, x - cut_s) for t, x in self._slack)
+        deep = len(self._queue) >= max(1, math.ceil(self.cfg.target_depth)) and not any(q.speech for q in self._queue)
+        if self._trims.shed_due(now, deep) and self._drop_idle():  # (speech queued: the generator runs ahead)
+            self._trims.shed()
 
     def _trim_idle(self, chunk: _Chunk, slack: float, now: float) -> None:
         """Record `chunk`'s slack; drop its last frame (and that frame's audio) when it is idle and every chunk
@@ -620,18 +457,13 @@ class Playout:
         c = self.cfg
         if c.min_slack_s is None:
             return
-        if self._slack_from is None:
-            self._slack_from = now
-        if not chunk.onset:  # an onset's slack is onset_slack_s by design: it says nothing of the jitter
-            self._slack.append((now, slack - chunk.early_s))  # a chunk made early had slack the pipeline did not
-        while self._slack and self._slack[0][0] < now - c.slack_window_s:
-            self._slack.popleft()
-        if chunk.speech or chunk.frames is None or chunk.count < 2 or not self._spare(now, 1.0 / c.fps):
+        self._trims.committed(now, slack, onset=chunk.onset, early_s=chunk.early_s)
+        if chunk.speech or chunk.frames is None or chunk.count < 2 or not self._trims.spare(now, 1.0 / c.fps):
             return
         f = chunk.count
         keep = min(chunk.pcm.size, max(0, self._fs(self._vc + f - 1) - self._w))  # ends on the timeline's frame grid
         chunk.frames, chunk.count, chunk.pcm = chunk.frames[:f - 1], f - 1, chunk.pcm[:keep]
-        self._take_slack(1.0 / c.fps)
+        self._trims.take(1.0 / c.fps)
         self._n["trimmed"] += 1
 
     def _cut_ahead(self, now: float) -> float:
@@ -647,8 +479,7 @@ class Playout:
         ahead = self._vc + sum(q.count for q in self._queue)  # the onset chunk's first frame slot now
         # frames we may cut: its audio (due audio_lead_s before its first frame) stays onset_slack_s ahead of now,
         # and more when chunks lately took longer than a chunk to make (the next one is made after this one)
-        slow = max((x for _, x in self._made), default=0.0) - c.chunk_s
-        slack = c.onset_slack_s + max(0.0, slow)
+        slack = self._trims.onset_slack()
         budget = math.floor((self._video_due(ahead) - c.audio_lead_s - now - slack) * c.fps + 1e-9)
         cut = 0
         while budget > 0 and self._queue:  # queued idle chunks, the latest first
@@ -700,7 +531,7 @@ class Playout:
             part = 0
         part = max(0, part)  # (the committed frame may have had none of its audio left to cut)
         if cut or part:
-            self._deep_since = None
+            self._trims.not_deep()
         seconds = cut / c.fps + part / c.sample_rate
         self._cut_total += seconds
         return seconds
