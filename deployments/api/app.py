@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from contextvars import ContextVar
 from typing import Any
 
 import ray
@@ -74,6 +75,28 @@ logger = logging.getLogger(__name__)
 
 APP_NAME = "characters"
 SCHEDULER_RETRY_AFTER_S = 5.0
+#: The W3C trace headers of the HTTP request being served (its server span's), for calls that carry them on
+REQUEST_TRACE: ContextVar[dict[str, str]] = ContextVar("request_trace", default={})  # noqa: B039 (never mutated)
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+
+class RememberTrace:
+    """ASGI middleware, inside the tracing one: REQUEST_TRACE holds the request's trace headers while it is served
+    (the DELETE of a session is then a link in the session's own trace)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = REQUEST_TRACE.set({k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])
+                                   if k in _TRACE_HEADERS})
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            REQUEST_TRACE.reset(token)
 
 
 def connect_scheduler(service: ServiceConfig) -> ActorHandle:
@@ -127,7 +150,7 @@ class ActorScheduler:
         return await self._call("list_sessions")
 
     async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
-        return await self._call("end_session", session_id, reason)
+        return await self._call("end_session", session_id, reason, REQUEST_TRACE.get())
 
     async def capacity(self) -> Capacity:
         return await self._call("capacity")
@@ -280,6 +303,7 @@ class _Ingress(CharactersGrpc):
         bearer = [Security(HTTPBearer(auto_error=False, description="API key, when the server has keys configured")),
                   Depends(known_query)]
         add_health_routes(app, self.readiness)
+        app.add_middleware(RememberTrace)  # added before the tracing middleware: inside it
         add_usage_routes(app, self.usage, {"dependencies": bearer, "tags": ["usage"]},
                          {"dependencies": [*bearer, Depends(RunwayClient())], "tags": ["runway"]})
         return telemetry_http.install(app)  # request spans, outermost

@@ -5,8 +5,9 @@ docs/api.md for what a self-hosted character does with them) and a reference ima
 decoded and resized to the served preset's resolution (`PROCESSING` -> `READY`, or `FAILED` with a reason). A
 session on a READY avatar takes that processed image as it is; nothing is decoded again per session.
 
-`AvatarStore` holds the records and processed images in memory (thread-safe, bounded, no exceptions: it also
-runs inside the service's one shared actor, `deployments.api.app`). `AvatarRegistry` is what the routes call:
+`AvatarStore` holds the records and processed images in memory (thread-safe, bounded, no exceptions); the
+service's one shared actor (`deployments.api.app`) holds `deployments.store.AvatarRows` instead, the same calls
+over the service's database. `AvatarRegistry` is what the routes call:
 async, refusals as `ApiError`s, scoped to the caller (another tenant's avatar is 404, as an unknown one).
 The routes and the processing are `deployments.api.runway_avatars`.
 """
@@ -181,8 +182,8 @@ class AvatarRegistry:
     async def add(self, avatar: Avatar) -> Avatar:
         added = await self._store_call("add", avatar)
         if added is None:
-            raise ApiError(422, ErrorCode.REJECTED, f"the avatar registry is full ({self.max_avatars} avatars); "
-                           "delete unused ones with DELETE /v1/avatars/{id}")
+            raise ApiError(422, ErrorCode.REJECTED, f"the avatar registry is full ({self.max_avatars} avatars, per "
+                           "key in the service's database); delete unused ones with DELETE /v1/avatars/{id}")
         return added
 
     async def get(self, avatar_id: str, caller: Caller, field: str = "id") -> Avatar:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from deployments.sessions.recovery import Resume
-from deployments.store import SessionRows, StoreError
+from deployments.settings import ServiceConfig
+from deployments.store import SessionRows, StoreError, database_url, open_engine
 from deployments.telemetry import Admission, SchedulerTelemetry
 from deployments.types import (
     NoCapacity,
@@ -71,6 +72,12 @@ class SessionBook:
         self.gpus = 0  # GPUs of one session's bundle (its records' GPU-seconds), known once the scheduler starts
         self._beat = 0.0  # when the live sessions' heartbeat was last written (monotonic)
         self._admitted: dict[str, float] = {}  # live session id -> when it was given a slot (its GPU time's start)
+
+    @classmethod
+    def of_service(cls, tele: SchedulerTelemetry, service: ServiceConfig, scheduler: str) -> SessionBook:
+        """The book of scheduler `scheduler`, its records in `service`'s database (opened and migrated now)."""
+        records = SessionRows(open_engine(database_url(service.data_dir, service.database_url)), scheduler)
+        return cls(tele, events_max=service.events_max, ended_max=service.ended_max, records=records)
 
     def new(self, spec: SessionSpec, status: SessionStatus, admission: Admission | None = None,
             **fields: Any) -> SessionRecord:
@@ -179,6 +186,7 @@ class SessionBook:
         self.tele.decided(sess.admission, "expired" if reason.startswith("queue_timeout") else
                           "failed" if status is SessionStatus.FAILED else "ended")
         self.tele.ended(status.value, reason)
+        self.tele.session_ended(sess.admission, status.value, reason)
         info, admitted = sess.info, self._admitted.pop(sess.info.id, None)
         assert info.ended_at is not None
         self.tele.usage(info.owner, info.preset, max(0.0, info.ended_at - (info.started_at or info.ended_at)),

@@ -58,7 +58,6 @@ from deployments.sessions.recovery import RECOVER_MAX_ATTEMPTS, Resume, recovera
 from deployments.sessions.runner import Outcome, Report
 from deployments.sessions.slot import Slot
 from deployments.settings import ServiceConfig
-from deployments.store import SessionRows, database_url, open_engine
 from deployments.telemetry import SchedulerTelemetry, leaked_placement_groups, setup
 from deployments.types import (
     NAMESPACE,
@@ -127,8 +126,7 @@ class SessionScheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.demand = DemandPublisher(self._spawn)  # to the autoscaler: live slots + queued requests
         self.tele = SchedulerTelemetry(setup("scheduler"))  # OTEL_* of this actor's process (off by default)
-        records = SessionRows(open_engine(database_url(service.data_dir, service.database_url)), name)
-        self.book = SessionBook(self.tele, events_max=service.events_max, ended_max=service.ended_max, records=records)
+        self.book = SessionBook.of_service(self.tele, service, name)  # its records in the service's database
         self.sessions = self.book.sessions
         self._ops = ops  # None: on the cluster (RaySlotOps), once it is known whether it has GPUs
         self.slots = SlotManager(ops or RaySlotOps(self.cfg, service, owner=name, use_gpus=bool(service.use_gpus)),
@@ -217,9 +215,11 @@ class SessionScheduler:
         await self._start()
         return self.book.listed()
 
-    async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
+    async def end_session(self, session_id: str, reason: str = "deleted",
+                          trace_context: dict[str, str] | None = None) -> SessionInfo:
         await self._start()
         sess = self.book.get(session_id)
+        self.tele.end_requested(sess.admission, reason, trace_context or {})  # the DELETE, in the session's trace
         if sess.terminal:
             return sess.info
         async with self.lock:

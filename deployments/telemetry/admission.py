@@ -1,9 +1,13 @@
 """The scheduler's spans and metrics: admission (queue wait), slot builds, capacity gauges, ended sessions.
 
-- `scheduler.admission` opens when a request reaches the scheduler and ends when the session holds a
-  slot (decision warm or cold) or never will (rejected, expired, ended while queued, failed). It is a
-  child of the request's context; a request without one makes it the root of the session's trace,
-  and the session then carries the admission span's context instead.
+- `session` opens when a request reaches the scheduler and ends with the session, whatever the end (refused,
+  ended or failed while queued or while its slot builds, ended, failed): status and reason on it. It is a
+  child of the request's context; a request without one makes it the root of the session's trace (then the
+  admission is its child and the session carries its context instead).
+- `scheduler.admission` ends when the session holds a slot (decision warm or cold) or never will (rejected,
+  expired, ended while queued, failed); a child of the request's context, as the session actor's spans are.
+- `session.end_request`, the session span's child: a DELETE reached the scheduler (its reason), linked to
+  the request's own span, so the DELETE's trace and the session's are tied both ways.
 - `slot.build` roots a slot's own trace: a slot outlives sessions (warm pool) or is built before its
   session can start, so it is not a child of any session. A slot built for one session (cold start)
   links to that session's admission span, and every admission links to the build of the slot it got.
@@ -37,6 +41,8 @@ class Admission:
     span: Span | None
     arrived: float = field(default_factory=time.monotonic)
     open: bool = True
+    session: Span | None = None  # the session's own span (create -> end)
+    session_id: str = ""
 
 
 @dataclass
@@ -62,10 +68,30 @@ class SchedulerTelemetry:
         if not self.tel.traces:
             return Admission(None), dict(trace_context)
         parent = extract(trace_context)
+        session = self.tel.start_span(N.SESSION, parent, attributes={N.SESSION_ID: session_id, N.PRESET: preset})
+        if span_context(parent) is None:  # no request context: the session's span roots its trace
+            parent, trace_context = context_of(session), inject(context_of(session))
         span = self.tel.start_span(N.ADMISSION, parent, attributes={
             N.SESSION_ID: session_id, N.PRESET: preset, N.ADMISSION_QUEUE_POSITION: queue_len})
-        carried = dict(trace_context) if span_context(parent) is not None else inject(context_of(span))
-        return Admission(span), carried
+        return Admission(span, session=session, session_id=session_id), dict(trace_context)
+
+    def end_requested(self, adm: Admission | None, reason: str, trace_context: Mapping[str, str]) -> None:
+        """A request to end the session reached the scheduler: a span in the session's trace, linked to it."""
+        if adm is None or adm.session is None or not adm.session.is_recording():
+            return
+        self.tel.start_span(N.SESSION_END_REQUEST, context_of(adm.session), links=links_to(extract(trace_context)),
+                            attributes={N.SESSION_ID: adm.session_id, N.END_REASON: reason[:64]}).end()
+
+    def session_ended(self, adm: Admission | None, status: str | None, reason: str) -> None:
+        """The session's span ends (once), with its status (None: refused, never a session) and reason code."""
+        if adm is None or adm.session is None or not adm.session.is_recording():
+            return
+        if status is not None:
+            adm.session.set_attribute(N.SESSION_STATUS, status)
+        adm.session.set_attribute(N.END_REASON, reason.split(":", 1)[0].strip()[:64] or "unknown")
+        if status == "FAILED":
+            fail(adm.session, reason.split(":", 1)[0].strip()[:64] or "failed")
+        adm.session.end()
 
     def queued(self, adm: Admission, position: int) -> None:
         if adm.span is not None:
@@ -91,6 +117,8 @@ class SchedulerTelemetry:
         if decision in ("expired", "failed"):
             fail(adm.span, decision)
         adm.span.end()
+        if decision == "rejected" or (decision == "expired" and adm.session is not None):
+            self.session_ended(adm, None if decision == "rejected" else "FAILED", decision)
 
     # ----------------------------------------------------------------------------- slots
     def slot_building(self, slot_id: str, built_for: Admission | None) -> SlotTrace:

@@ -15,6 +15,8 @@ from characters.stage_times import CHUNK_STAGES
 
 HTTP_SERVER = "{method} {route}"  # OTel HTTP semantic conventions: e.g. "POST /v1/sessions"
 GRPC_SERVER = "characters.v1.Characters/{method}"  # OTel RPC semantic conventions
+SESSION = "session"  # the scheduler's record of one session: create -> end, whatever the end (the request's child)
+SESSION_END_REQUEST = "session.end_request"  # a DELETE (or END) reached the scheduler; linked to the request's trace
 ADMISSION = "scheduler.admission"  # request arrives at the scheduler -> it holds a slot (queue wait)
 SLOT_BUILD = "slot.build"  # root of a slot's own trace: placement, actors, worker stages
 SLOT_PLACEMENT = "slot.placement"  # placement group asked -> ready

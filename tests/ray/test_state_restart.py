@@ -154,6 +154,8 @@ def test_sigkill_and_restart_loses_nothing(tmp_path: Path, backend: str) -> None
         assert killed >= 4  # the CLI, the GCS, the raylet and workers at least
 
         with serve(tmp_path, "second", state) as (svc, _):
+            with urllib.request.urlopen(svc.url + "/readyz", timeout=10) as resp:  # warm again, no key needed
+                assert resp.status == 200 and json.loads(resp.read())["status"] == "ready"
             code, again = svc.call("GET", f"/v1/avatars/{avatar['id']}")
             assert code == 200 and again["status"] == "READY" and again["name"] == "Ada", again
             assert svc.call("GET", f"/v1/avatars/{avatar['id']}", key="other")[0] == 404

@@ -260,6 +260,9 @@ def test_admission_roots_a_context_less_session_and_links_to_its_slot(rx: OtlpRe
     st.slot_built(slot, node_id="n1", device="cpu")
     st.decided(adm, "cold", slot=slot, warm=False)
     st.decided(adm, "ended")  # once only
+    st.end_requested(adm, "deleted", {"traceparent": PARENT})  # the DELETE's request
+    st.session_ended(adm, "ENDED", "deleted")
+    st.session_ended(adm, "FAILED", "late")  # once only
     refused, same = st.admission("s3", "tiny", {"traceparent": PARENT}, queue_len=3)
     assert same == {"traceparent": PARENT}
     st.decided(refused, "rejected")
@@ -269,11 +272,20 @@ def test_admission_roots_a_context_less_session_and_links_to_its_slot(rx: OtlpRe
     spans = spans_of(rx, tel)
     adm_span = next(s for s in spans if s.name == N.ADMISSION and s.attributes[N.SESSION_ID] == "s2")
     build = next(s for s in spans if s.name == N.SLOT_BUILD)
-    assert adm_span.attributes[N.ADMISSION_DECISION] == "cold" and adm_span.parent_id == ""
+    session = next(s for s in spans if s.name == N.SESSION and s.attributes[N.SESSION_ID] == "s2")
+    assert session.parent_id == "" and adm_span.parent_id == session.span_id  # no request context: it roots
+    assert adm_span.attributes[N.ADMISSION_DECISION] == "cold"
     assert (build.trace_id, build.span_id) in adm_span.links and (adm_span.trace_id, adm_span.span_id) in build.links
     assert build.trace_id != adm_span.trace_id and build.attributes[N.SLOT_PURPOSE] == "cold"
+    assert (session.attributes[N.SESSION_STATUS], session.attributes[N.END_REASON]) == ("ENDED", "deleted")
+    delete = next(s for s in spans if s.name == N.SESSION_END_REQUEST)
+    assert delete.parent_id == session.span_id and delete.trace_id == session.trace_id
+    assert list(delete.links) == [(TRACE_ID, PARENT_SPAN)] and delete.attributes[N.END_REASON] == "deleted"
     rejected = next(s for s in spans if s.name == N.ADMISSION and s.attributes[N.SESSION_ID] == "s3")
     assert rejected.trace_id == TRACE_ID and rejected.attributes[N.ADMISSION_DECISION] == "rejected"
+    refused = next(s for s in spans if s.name == N.SESSION and s.attributes[N.SESSION_ID] == "s3")
+    assert refused.trace_id == TRACE_ID and refused.parent_id == rejected.parent_id == PARENT_SPAN
+    assert refused.attributes[N.END_REASON] == "rejected" and N.SESSION_STATUS not in refused.attributes
     tel.flush()
     points = rx.metrics()
     sessions = {p.attributes[0].value.string_value: p.as_double for p in points[N.SESSIONS.name]}
