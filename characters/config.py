@@ -97,6 +97,29 @@ class VAEConfig(_Frozen):
         description="'pixel_shuffle' only: temporal kernel of the last stage's convs and the output conv; 1: each "
         "frame on its own, 3: causal 3x3x3 convs that see the 2 frames before (3x that stage's conv work).",
     )
+    # Options that make the decoder Wan2.1's VAE decoder exactly (LiveAvatar: characters/families/liveavatar/vae.py).
+    norm_eps: float = Field(
+        default=1e-6, ge=0,
+        description="Epsilon of every RMSNorm (added to the mean square). Wan2.1 normalises with F.normalize (the "
+        "norm floored at 1e-12): 1e-24 gives its values for every vector not within ~1e-9 of zero.",
+    )
+    upsample_halves: bool = Field(
+        default=False,
+        description="Wan2.1's widths: each up-sampling's 3x3 conv halves the channels (c -> c/2) and the next stage's "
+        "first residual block widens them to its width, with a 1x1x1 conv on its residual path where they "
+        "differ. False: the up-sampling's conv goes straight to the next stage's width.",
+    )
+    latent_in_conv: bool = Field(
+        default=False,
+        description="A 1x1x1 conv on the latents before conv_in (Wan2.1's `conv2`; its loader folds the latent "
+        "de-normalisation, z * std + mean, into it).",
+    )
+    first_latent_frames: Literal[1, 4] = Field(
+        default=4,
+        description="Video frames decoded from a stream's first latent frame. 4: every latent frame alike. 1 "
+        "(Wan2.1): the temporal up-samplings pass that frame through without their time conv, which first sees "
+        "the stream's second latent frame (zeros before it), so a stream of T latent frames makes 1 + 4(T - 1).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> VAEConfig:

@@ -171,19 +171,24 @@ class CausalConv3d(nn.Conv3d):
 
 
 class ResBlock(nn.Module):
-    """norm -> SiLU -> causal conv -> norm -> SiLU -> causal conv, plus the input. `kt` = 1: per-frame 3x3 convs."""
+    """norm -> SiLU -> causal conv -> norm -> SiLU -> causal conv, plus the input. `kt` = 1: per-frame 3x3 convs.
+    `cin` != c (Wan2.1's stage entries): the first conv widens cin -> c and the input goes through a 1x1x1 conv
+    (`shortcut`) before the add."""
 
-    def __init__(self, c: int, scale: int, frames: int, kt: int = 3) -> None:
+    def __init__(self, c: int, scale: int, frames: int, kt: int = 3, *, cin: int | None = None,
+                 eps: float = 1e-6) -> None:
         super().__init__()
-        self.norm1 = RMSNorm(c)
-        self.conv1 = CausalConv3d(c, c, (kt, 3, 3), scale, frames)
-        self.norm2 = RMSNorm(c)
+        cin = c if cin is None else cin
+        self.norm1 = RMSNorm(cin, eps)
+        self.conv1 = CausalConv3d(cin, c, (kt, 3, 3), scale, frames)
+        self.norm2 = RMSNorm(c, eps)
         self.conv2 = CausalConv3d(c, c, (kt, 3, 3), scale, frames)
+        self.shortcut = CausalConv3d(cin, c, (1, 1, 1), scale, frames) if cin != c else None
 
-    def forward(self, x: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:  # (B, c, T, h', w')
+    def forward(self, x: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:  # (B, cin, T, h', w') -> c
         y = self.conv1(F.silu(self.norm1(x)), caches)
         y = self.conv2(F.silu(self.norm2(y)), caches)
-        return x + y
+        return (x if self.shortcut is None else self.shortcut(x, caches)) + y
 
     def forward_window(self, x: torch.Tensor | Unsummed, windows: list[torch.Tensor], span: Span | None = None
                        ) -> Unsummed:
@@ -196,15 +201,15 @@ class ResBlock(nn.Module):
             window = conv.norm_silu_window(y, norm, windows, bias, span)
             y, bias = conv.run_window(window, with_bias=False, span=span), conv.bias
         assert bias is not None
-        return Unsummed(y, bias, x)
+        return Unsummed(y, bias, x if self.shortcut is None else self.shortcut.forward_window(x, windows))
 
 
 class FrameAttention(nn.Module):
     """Single-head self-attention over the pixels of each frame on its own (no mixing across time)."""
 
-    def __init__(self, c: int, scale: int, frames: int) -> None:
+    def __init__(self, c: int, scale: int, frames: int, eps: float = 1e-6) -> None:
         super().__init__()
-        self.norm = RMSNorm(c)
+        self.norm = RMSNorm(c, eps)
         self.qkv = nn.Linear(c, 3 * c)
         self.proj = nn.Linear(c, c)
         self.scale = scale
@@ -292,11 +297,18 @@ class Upsample(nn.Module):
         out.permute(0, 2, 3, 4, 1).view(b, t, h, 2, w, 2, cout).copy_(src)
         return out
 
-    def forward(self, x: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:  # (B, cin, T, h', w')
+    def forward(self, x: torch.Tensor, caches: list[torch.Tensor], first: bool = False) -> torch.Tensor:
+        """(B, cin, T, h', w') -> (B, cout, T', 2h', 2w'). `first`: x begins a stream whose first frame passes the
+        temporal up-sampling unchanged (`VAEConfig.first_latent_frames` = 1): T' = 1 + 2(T - 1)."""
         if self.time_conv is not None:
+            head = x[:, :, :1] if first else None
+            x = x[:, :, 1:] if first else x
             b, c, t, h, w = x.shape
-            y = self.time_conv(x, caches).view(b, 2, c, t, h, w)  # (B, 2, cin, T, h', w')
-            x = y.permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)  # frame 2t + i from half i
+            if t:
+                y = self.time_conv(x, caches).view(b, 2, c, t, h, w)  # (B, 2, cin, T, h', w')
+                x = y.permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)  # frame 2t + i from half i
+            if head is not None:
+                x = torch.cat([head, x], dim=2)  # (B, cin, 1 + 2(T - 1), h', w')
         x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")  # (B, cin, T, 2h', 2w')
         return self.conv(x, caches)  # (B, cout, T, 2h', 2w')
 
@@ -335,6 +347,7 @@ class DecoderState:
     chunk_frames: int | None = None
     windows: list[torch.Tensor] | None = None
     pending: list[torch.Tensor] | None = None  # `CausalDecoder.decode_first`'s unfinished frames per stage
+    started: bool = False  # a chunk was decoded since init/reset (`VAEConfig.first_latent_frames` = 1 reads it)
 
 
 class CausalDecoder(nn.Module):
@@ -350,24 +363,29 @@ class CausalDecoder(nn.Module):
             widths = widths[:-1]  # no full-resolution stage: the output conv makes 2x2 pixels per position
             widths[-1] = cfg.decoder_last_channels or widths[-1]
             last_kt = cfg.decoder_last_kt
-        scale, frames = 1, 1
-        self.conv_in = CausalConv3d(cfg.latent_channels, widths[0], (3, 3, 3), scale, frames)
+        scale, frames, eps = 1, 1, cfg.norm_eps
+        c_lat = cfg.latent_channels
+        self.latent_in = CausalConv3d(c_lat, c_lat, (1, 1, 1), scale, frames) if cfg.latent_in_conv else None
+        self.conv_in = CausalConv3d(c_lat, widths[0], (3, 3, 3), scale, frames)
         # The mid block, then the stages from the lowest resolution up, run in this order.
         self.blocks = nn.ModuleList(
             [
-                ResBlock(widths[0], scale, frames),
-                FrameAttention(widths[0], scale, frames),
-                ResBlock(widths[0], scale, frames),
+                ResBlock(widths[0], scale, frames, eps=eps),
+                FrameAttention(widths[0], scale, frames, eps),
+                ResBlock(widths[0], scale, frames, eps=eps),
             ]
         )
+        cin = widths[0]  # the next stage's input width
         for i, c in enumerate(widths):
             kt = last_kt if i == len(widths) - 1 else 3  # a shuffled decoder's last stage: per frame by default
-            self.blocks.extend(ResBlock(c, scale, frames, kt) for _ in range(cfg.num_res_blocks + 1))
+            self.blocks.extend(ResBlock(c, scale, frames, kt, cin=c if j else cin, eps=eps)
+                               for j in range(cfg.num_res_blocks + 1))
             if i < len(widths) - 1:
                 temporal = i < 2  # 4x = two 2x temporal up-samplings, at the two lowest resolutions
-                self.blocks.append(Upsample(c, widths[i + 1], scale, frames, temporal))
+                cin = c // 2 if cfg.upsample_halves else widths[i + 1]
+                self.blocks.append(Upsample(c, cin, scale, frames, temporal))
                 scale, frames = 2 * scale, (2 * frames if temporal else frames)
-        self.norm_out = RMSNorm(widths[-1])
+        self.norm_out = RMSNorm(widths[-1], eps)
         # 3 output channels, or 3 per pixel of each position's s x s block, ordered (dy, dx, rgb): `unshuffle`
         self.conv_out = CausalConv3d(widths[-1], 3 * self.shuffle**2, (kt, 3, 3), scale, frames)
         # From the first temporal up-sampling on, every step keeps its frames apart in time at its stage's rate:
@@ -425,6 +443,8 @@ class CausalDecoder(nn.Module):
 
     def _split_window(self, z: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
         """The blocks up to `split`, on the whole chunk: (B, C, Tc, h, w) -> (B, c, frames, h', w')."""
+        if self.latent_in is not None:
+            z = self.latent_in.forward_window(z, windows)  # (B, C, Tc, h, w)
         x: torch.Tensor | Unsummed = self.conv_in.forward_window(z, windows)  # (B, c0, Tc, h, w)
         for block in self.blocks[: self.split]:
             x = block.forward_window(x, windows)  # type: ignore[operator]
@@ -500,6 +520,10 @@ class CausalDecoder(nn.Module):
         if state.windows is None or z.shape[2] != state.chunk_frames:
             raise ValueError(f"this decode needs a serving state for chunks of {z.shape[2]} latent frames; "
                              "call init_state(..., chunk_frames=...)")
+        if self.cfg.first_latent_frames == 1 and not state.started:
+            raise ValueError("a stream's first latent frame decodes to 1 frame here (vae.first_latent_frames=1), "
+                             "which the serving forms do not make: decode the stream's first chunk with "
+                             "decode_chunk (e.g. its motion/context latents) first")
         self._check_latents(z, state)
         return state.windows
 
@@ -543,10 +567,13 @@ class CausalDecoder(nn.Module):
         out.view(b, t, h, s, w, s, 3).copy_(src.permute(0, 1, 2, 4, 3, 5, 6))
         return out
 
-    def forward(self, z: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, caches: list[torch.Tensor], first: bool = False) -> torch.Tensor:
+        """`first`: z begins a stream that decodes its first latent frame to one frame (see `decode_chunk`)."""
+        if self.latent_in is not None:
+            z = self.latent_in(z, caches)  # (B, C, Tc, h, w)
         x = self.conv_in(z, caches)  # (B, c0, Tc, h, w)
         for block in self.blocks:
-            x = block(x, caches)  # ends at (B, c, 4*Tc, 8h/s, 8w/s)
+            x = block(x, caches, first) if isinstance(block, Upsample) else block(x, caches)  # to (B, c, 4Tc, ..)
         x = self.conv_out(F.silu(self.norm_out(x)), caches)  # (B, 3 s^2, 4*Tc, 8h/s, 8w/s)
         return self.unshuffle(x).clamp(-1.0, 1.0)  # (B, 3, 4*Tc, 8h, 8w)
 
@@ -571,10 +598,15 @@ class CausalDecoder(nn.Module):
         """Start a new stream: zero every cache in place (tensor identities stay, for captured graphs)."""
         for cache in state.caches:
             cache.zero_()
+        state.started = False
 
     def decode_chunk(self, z: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        """(B, C, Tc, h, w) -> (B, 3, 4*Tc, 8h, 8w); advances `state` in place by Tc latent frames."""
+        """(B, C, Tc, h, w) -> (B, 3, 4*Tc, 8h, 8w); advances `state` in place by Tc latent frames. With
+        `first_latent_frames` = 1, a stream's first chunk (any Tc) makes 1 + 4(Tc - 1) frames."""
         self._check_latents(z, state)
+        if self.cfg.first_latent_frames == 1 and not state.started:
+            state.started = True
+            return self(z, state.caches, first=True)
         if state.windows is not None and z.shape[2] == state.chunk_frames:
             return self.forward_window(z, state.windows)
         return self(z, state.caches)
