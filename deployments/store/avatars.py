@@ -15,6 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from deployments.store.schema import avatar_artifacts as artifacts
 from deployments.store.schema import avatars as table
 
 _FIELDS = ("id", "owner", "name", "personality", "voice", "start_script", "document_ids", "image_processing",
@@ -103,6 +104,7 @@ class AvatarRows:
                 values["document_ids"] = list(values["document_ids"])
             if new_image:
                 values.update(status="PROCESSING", failure_reason=None, version=row.version + 1, image=None)
+                conn.execute(sa.delete(artifacts).where(artifacts.c.avatar_id == avatar_id))  # made from the old one
             conn.execute(sa.update(table).where(table.c.id == avatar_id).values(**values))
             new = conn.execute(sa.select(*_RECORD).where(table.c.id == avatar_id)).one()
         return self._avatar(new)
@@ -123,10 +125,34 @@ class AvatarRows:
 
     def delete(self, avatar_id: str) -> bool:
         with self.engine.begin() as conn:
+            conn.execute(sa.delete(artifacts).where(artifacts.c.avatar_id == avatar_id))
             gone = conn.execute(sa.delete(table).where(table.c.id == avatar_id)).rowcount > 0
         with self._lock:
             self._images.pop(avatar_id, None)
         return gone
+
+    def put_artifact(self, avatar_id: str, version: int, family: str, name: str, data: bytes, now: float) -> bool:
+        """Keep what model family `family` computed from version `version` of the avatar (its reference image) under
+        `name`, replacing an older one; False (nothing kept) when the avatar is gone or its image changed since."""
+        with self.engine.begin() as conn:
+            current = conn.execute(sa.select(table.c.version).where(table.c.id == avatar_id)
+                                   .with_for_update()).scalar_one_or_none()
+            if current != version:
+                return False
+            key = (artifacts.c.avatar_id == avatar_id, artifacts.c.family == family, artifacts.c.name == name)
+            conn.execute(sa.delete(artifacts).where(*key))
+            conn.execute(sa.insert(artifacts).values(avatar_id=avatar_id, family=family, name=name, version=version,
+                                                     created_at=now, data=data))
+        return True
+
+    def artifact(self, avatar_id: str, family: str, name: str) -> bytes | None:
+        """What `put_artifact` kept for the avatar as it is now, else None."""
+        query = sa.select(artifacts.c.data).join(table, table.c.id == artifacts.c.avatar_id).where(
+            artifacts.c.avatar_id == avatar_id, artifacts.c.family == family, artifacts.c.name == name,
+            artifacts.c.version == table.c.version)
+        with self.engine.connect() as conn:
+            data: bytes | None = conn.execute(query).scalar_one_or_none()
+        return data
 
     def page(self, owner: str | None, everyone: bool, limit: int,
              before: int | None) -> tuple[list[Any], int | None]:

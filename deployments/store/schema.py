@@ -31,6 +31,18 @@ avatars = sa.Table(
     sa.Column("image", sa.LargeBinary),
 )
 
+#: What a model family computes once per avatar and keeps with it (reference latents, prompt embeddings, ...), by
+#: family and name; `version` is the avatar's when it was made: a new reference image makes it stale (dropped).
+avatar_artifacts = sa.Table(
+    "avatar_artifacts", metadata,
+    sa.Column("avatar_id", sa.String(32), primary_key=True),
+    sa.Column("family", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
 #: Every session a scheduler took (queued, live or ended): the record a team bills and audits from.
 sessions = sa.Table(
     "sessions", metadata,

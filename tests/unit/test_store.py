@@ -12,11 +12,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 from postgres import postgres_server
 
 from deployments.api.avatars import Avatar
 from deployments.store import AvatarRows, SessionRows, UsageQueries, close_engines, database_url, open_engine
-from deployments.store.db import MEMORY_URL, current_revision, head_revision
+from deployments.store.db import MEMORY_URL, MIGRATIONS, current_revision, head_revision
 from deployments.store.schema import metadata
 from deployments.types import SessionInfo, SessionStatus
 
@@ -52,7 +54,7 @@ def _avatar(owner: str | None, name: str = "Ada") -> Avatar:
 
 def test_the_schema_is_migrated_on_open_and_matches_the_tables(url):
     engine = open_engine(url)
-    assert current_revision(engine) == head_revision() == "0001"
+    assert current_revision(engine) == head_revision() == "0002"
     inspector = sa.inspect(engine)
     for table in metadata.sorted_tables:
         assert {c["name"] for c in inspector.get_columns(table.name)} == set(table.c.keys()), table.name
@@ -68,6 +70,27 @@ def test_a_data_dir_is_made_and_reopened_by_another_process(tmp_path):
             f"Avatar; a = AvatarRows(open_engine({url!r}), Avatar).get({made.id!r}); print(a.name, a.seq, a.owner)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["Ada", str(made.seq), "app"]
+
+
+def test_a_database_of_the_first_revision_is_upgraded_on_open_with_its_data(url):
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # back to revision 0001, as a service of that release left it (one avatar in it)
+        for name in ("avatar_artifacts", "sessions", "avatars", "alembic_version"):
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {name}"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(sa.text("INSERT INTO avatars (id, owner, name, personality, document_ids, image_processing, "
+                             "created_at, updated_at, status, version) VALUES ('a1', 'app', 'Old', '', '[]', "
+                             "'optimize', 1.0, 1.0, 'READY', 0)"))
+    assert current_revision(engine) == "0001" and "avatar_artifacts" not in sa.inspect(engine).get_table_names()
+    engine.dispose()
+    close_engines()  # the next open is a new process's
+    rows = AvatarRows(open_engine(url), Avatar)
+    assert current_revision(rows.engine) == "0002" and rows.get("a1").name == "Old"
+    assert rows.put_artifact("a1", 0, "liveavatar", "prompt", b"\x01\x02", T0)
 
 
 def test_memory_databases_are_apart():
@@ -104,6 +127,29 @@ def test_avatars_round_trip_with_their_images_and_tenants_apart(url):
     assert updated.document_ids == ("x",) and rows.image(ada.id) is None
     assert rows.update("nope", {"name": "x"}, T0) is None
     assert rows.delete(bob.id) and not rows.delete(bob.id) and rows.get(bob.id) is None
+
+
+def test_what_a_family_keeps_per_avatar_follows_its_reference_image(url):
+    rows = AvatarRows(open_engine(url), Avatar)
+    ada, eve = rows.add(_avatar("app")), rows.add(_avatar("other", "Eve"))
+    assert rows.put_artifact(ada.id, ada.version, "liveavatar", "prompt", b"p0", T0)
+    assert rows.put_artifact(ada.id, ada.version, "liveavatar", "prompt", b"p1", T0 + 1)  # replaced
+    assert rows.put_artifact(ada.id, ada.version, "liveavatar", "latents", b"L" * 100_000, T0)
+    assert rows.put_artifact(eve.id, eve.version, "liveavatar", "prompt", b"eve", T0)
+    assert not rows.put_artifact(ada.id, ada.version + 1, "liveavatar", "prompt", b"future", T0)  # no such version
+    assert not rows.put_artifact("gone", 0, "liveavatar", "prompt", b"x", T0)
+    assert rows.artifact(ada.id, "liveavatar", "prompt") == b"p1"
+    assert rows.artifact(ada.id, "liveavatar", "latents") == b"L" * 100_000
+    assert rows.artifact(ada.id, "other-family", "prompt") is None
+    rows.update(ada.id, {}, T0 + 2, new_image=True)  # a new reference image: what was made from the old one goes
+    assert rows.artifact(ada.id, "liveavatar", "prompt") is None
+    assert not rows.put_artifact(ada.id, ada.version, "liveavatar", "prompt", b"stale", T0)  # a late old result
+    assert rows.put_artifact(ada.id, ada.version + 1, "liveavatar", "prompt", b"new", T0)
+    assert rows.artifact(ada.id, "liveavatar", "prompt") == b"new"
+    assert rows.delete(eve.id) and rows.artifact(eve.id, "liveavatar", "prompt") is None
+    with open_engine(url).connect() as conn:
+        left = conn.execute(sa.text("SELECT avatar_id FROM avatar_artifacts")).scalars().all()
+    assert left == [ada.id]
 
 
 def _info(sid: str, owner: str, status: SessionStatus, created: float, **kw: object) -> SessionInfo:
