@@ -30,7 +30,7 @@ manifests under ``adaptations``):
 3. ``T5EncoderModel`` always builds ``umt5_xxl``; ``t5.umt5_xxl`` is wrapped so that the tiny dimensions are
    passed to it as keyword overrides (its own ``cfg.update(**kwargs)``); everything else of the class runs as
    theirs (``torch.load`` of the .pth, strict ``load_state_dict``, their tokenizer wrapper and ``__call__``).
-   The model runs in float32 on the CPU (``dtype=torch.float32``; their config's ``t5_dtype`` is bfloat16).
+   It runs on the CPU twice: in float32 and in bfloat16 (their config's ``t5_dtype``).
 4. ``librosa`` (imported by ``audio_encoder.py``, used only for ``librosa.load``) is a stub module whose
    ``load(path, sr=16000)`` returns the registered float32 waveform for ``path`` at 16 kHz (no resampling: the
    waveform is made at 16 kHz, any other ``sr`` is refused). Their ``extract_audio_feat`` (the path the
@@ -39,8 +39,8 @@ manifests under ``adaptations``):
 5. The pipeline's ``encode_audio`` (causal_s2v_pipeline.py L443-456: ``extract_audio_feat(...,
    return_all_layers=True)``, ``get_audio_embed_bucket_fps(z, fps=self.fps (25), batch_frames=infer_frames
    (48), m=self.audio_sample_m (0))``, unsqueeze + permute(0, 2, 3, 1)) is replicated line by line, driving
-   their ``AudioEncoder`` object; the model stays float32 on the CPU (the pipeline moves it to bfloat16 on
-   the GPU).
+   their ``AudioEncoder`` object on the CPU, once with the model in float32 and once moved to bfloat16 as the
+   pipeline moves it (L763, ``param_dtype``).
 """
 
 from __future__ import annotations
@@ -205,17 +205,21 @@ def make_text(mods: dict[str, types.ModuleType], args: argparse.Namespace) -> tu
     torch.save(state, snapshot / T5_CHECKPOINT)
 
     t5.umt5_xxl = functools.partial(t5.umt5_xxl, **TINY_T5)
-    encoder = t5.T5EncoderModel(text_len=TEXT_LEN, dtype=torch.float32, device=torch.device("cpu"),
-                                checkpoint_path=str(snapshot / T5_CHECKPOINT),
-                                tokenizer_path=str(snapshot / T5_TOKENIZER))
+    encoders = {dtype: t5.T5EncoderModel(text_len=TEXT_LEN, dtype=dtype, device=torch.device("cpu"),
+                                         checkpoint_path=str(snapshot / T5_CHECKPOINT),
+                                         tokenizer_path=str(snapshot / T5_TOKENIZER))
+                for dtype in (torch.float32, torch.bfloat16)}  # bfloat16: their config's t5_dtype
+    encoder = encoders[torch.float32]
     tensors: dict[str, torch.Tensor] = {}
     prompts = []
     for i, prompt in enumerate(PROMPTS):
         ids, mask = encoder.tokenizer([prompt], return_mask=True, add_special_tokens=True)
         with torch.no_grad():
             context = encoder([prompt], torch.device("cpu"))  # encode_prompt: a list of (L, dim)
+            context_bf16 = encoders[torch.bfloat16]([prompt], torch.device("cpu"))
         n = int(mask.sum())
         tensors[f"context_{i}"] = context[0].float().contiguous()
+        tensors[f"context_bf16_{i}"] = context_bf16[0].contiguous()
         tensors[f"ids_{i}"] = ids[0, :n].contiguous()
         prompts.append({"prompt": prompt, "cleaned": encoder.tokenizer._clean(prompt), "tokens": n,
                         "padded_to": int(ids.shape[1])})
@@ -224,7 +228,7 @@ def make_text(mods: dict[str, types.ModuleType], args: argparse.Namespace) -> tu
             f"package __init__ bypassed: {', '.join(BYPASSED_PACKAGES)} (registered with their real __path__)",
             "torch.cuda.current_device() -> 'cpu' while t5.py is imported (a default argument of T5EncoderModel)",
             f"t5.umt5_xxl wrapped with keyword overrides {TINY_T5}; T5EncoderModel otherwise theirs",
-            "T5EncoderModel(dtype=torch.float32, device=cpu)",
+            "T5EncoderModel(dtype=torch.float32, device=cpu) for context_*, dtype=torch.bfloat16 for context_bf16_*",
         ],
         "checkpoint": f"tiny_umt5/{T5_CHECKPOINT}",
         "tokenizer": f"tiny_umt5/{T5_TOKENIZER}",
@@ -290,17 +294,25 @@ def make_audio(mods: dict[str, types.ModuleType], args: argparse.Namespace) -> t
     pcm = waveform(args.audio_seconds, args.input_seed)
     sys.modules["librosa"].arrays["speech.wav"] = pcm  # type: ignore[attr-defined]
     encoder = mods["audio"].AudioEncoder(device="cpu", model_id=str(folder))
-    with torch.no_grad():  # causal_s2v_pipeline.py encode_audio, L443-456
-        z = encoder.extract_audio_feat("speech.wav", return_all_layers=True)
-        bucket, num_repeat = encoder.get_audio_embed_bucket_fps(z, fps=FPS, batch_frames=INFER_FRAMES,
-                                                                 m=AUDIO_SAMPLE_M)
-    bucket = bucket.unsqueeze(0)
-    bucket = bucket.permute(0, 2, 1) if bucket.ndim == 3 else bucket.permute(0, 2, 3, 1)
+
+    def encode_audio() -> tuple[torch.Tensor, torch.Tensor, int]:  # causal_s2v_pipeline.py L443-456
+        with torch.no_grad():
+            z = encoder.extract_audio_feat("speech.wav", return_all_layers=True)
+            bucket, num_repeat = encoder.get_audio_embed_bucket_fps(z, fps=FPS, batch_frames=INFER_FRAMES,
+                                                                     m=AUDIO_SAMPLE_M)
+        bucket = bucket.unsqueeze(0)
+        bucket = bucket.permute(0, 2, 1) if bucket.ndim == 3 else bucket.permute(0, 2, 3, 1)
+        return z, bucket, num_repeat
+
+    z, bucket, num_repeat = encode_audio()
+    encoder.model.to(dtype=torch.bfloat16)  # as the pipeline does before encode_audio (L763, param_dtype)
+    z_bf16, bucket_bf16, _ = encode_audio()
     manifest = {
         "adaptations": [
             f"package __init__ bypassed: {', '.join(BYPASSED_PACKAGES)} (registered with their real __path__)",
             "librosa stub: load(path, sr=16000) returns the registered 16 kHz float32 waveform",
-            "causal_s2v_pipeline.encode_audio replicated (L443-456) on their AudioEncoder, float32 on the CPU",
+            "causal_s2v_pipeline.encode_audio replicated (L443-456) on their AudioEncoder on the CPU: the model in "
+            "float32 for hidden30/audio_emb, moved to bfloat16 (L763) for hidden30_bf16/audio_emb_bf16",
         ],
         "model": "tiny_wav2vec2",
         "weight_seed": args.weight_seed,
@@ -311,7 +323,8 @@ def make_audio(mods: dict[str, types.ModuleType], args: argparse.Namespace) -> t
         "shapes": {"hidden30": list(z.shape), "audio_emb": list(bucket.shape)},
     }
     tensors = {"pcm": torch.from_numpy(pcm), "hidden30": z.float().contiguous(),
-               "audio_emb": bucket.float().contiguous()}
+               "audio_emb": bucket.float().contiguous(), "hidden30_bf16": z_bf16.float().contiguous(),
+               "audio_emb_bf16": bucket_bf16.float().contiguous()}
     return manifest, tensors
 
 

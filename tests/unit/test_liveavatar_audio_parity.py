@@ -46,3 +46,14 @@ def test_clip_features_equal_their_encode_audio(golden: tuple[dict, dict[str, to
     # the bucket runs past the audio: their zero frames are ours (frame 82 is at 3.28 s, 30 Hz index 98)
     tail = theirs[..., 82:]
     assert torch.count_nonzero(tail) == 0 and torch.count_nonzero(theirs[..., :82].abs().sum((0, 1, 2))) == 82
+
+
+def test_bfloat16_features_equal_theirs(golden: tuple[dict, dict[str, torch.Tensor]]) -> None:
+    """The pipeline runs wav2vec2 in bfloat16 (param_dtype): ours in bfloat16 against theirs moved to bfloat16
+    (bit-equal on the box the goldens were made on; bfloat16's tolerance for other CPUs' kernels)."""
+    manifest, t = golden
+    encoder = SpeechEncoder(FIXTURES / manifest["model"], dtype=torch.bfloat16)
+    torch.testing.assert_close(encoder.hidden30(t["pcm"].numpy()), t["hidden30_bf16"], rtol=2e-2, atol=2e-2)
+    ours = encoder.clip_features(t["pcm"].numpy(), frames_per_clip=manifest["batch_frames"])
+    torch.testing.assert_close(ours, t["audio_emb_bf16"], rtol=2e-2, atol=2e-2)
+    assert not torch.equal(t["audio_emb_bf16"], t["audio_emb"])  # the bfloat16 golden is a bfloat16 run

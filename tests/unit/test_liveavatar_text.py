@@ -66,6 +66,18 @@ def test_encode_equals_the_authors(golden: tuple[dict, dict[str, torch.Tensor]],
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=f"prompt {i}")
 
 
+def test_encode_in_bfloat16_equals_the_authors(golden: tuple[dict, dict[str, torch.Tensor]]) -> None:
+    """Their config's t5_dtype: weights and activations in bfloat16 on both sides (bit-equal on the 2-core box
+    the goldens were made on; the tolerance is bfloat16's, for other CPUs' kernels)."""
+    manifest, t = golden
+    encoder = PromptEncoder.from_snapshot(SNAPSHOT, config=_config(manifest), dtype=torch.bfloat16)
+    for i, p in enumerate(manifest["prompts"]):
+        ours, theirs = encoder.encode(p["prompt"]), t[f"context_bf16_{i}"]
+        assert ours.dtype == theirs.dtype == torch.bfloat16 and ours.shape == theirs.shape
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2, msg=f"prompt {i}")
+    assert not torch.equal(t["context_bf16_0"].float(), t["context_0"])  # the bfloat16 golden is a bfloat16 run
+
+
 def test_full_size_mapping_covers_umt5_xxl(golden: tuple[dict, dict[str, torch.Tensor]]) -> None:
     """Every key of their full-size encoder (recorded from their T5Encoder at umt5-xxl size) maps onto
     transformers' UMT5EncoderModel for umt5-xxl with the same shape, and nothing of it is left out."""
