@@ -5,9 +5,10 @@ t = 0 (`start`); their keys (un-rotated) and values stay in a condition cache th
 each block of `f` latent frames is denoised in `steps` Euler steps; step i reads and writes its own rolling
 self-attention cache (a KV cache per step: the keys of step i are those of step i's noise level), holding one
 clip of frames (`blocks_per_clip` blocks) and overwritten in ring order once full. Keys enter that cache
-rotated (RoPE at write time). The reference's RoPE position moves with a random distance in [4, 30] on every
-forward once generation passes frame 30 - distance, as theirs (`random.randint` in `_forward_inference`):
-`rng` draws it, so a parity run seeds it as theirs.
+rotated (RoPE at write time); attention reads the cache and the condition keys where they lie and merges the
+two by log-sum-exp, so no step copies the cache. The reference's RoPE position moves with a random distance in
+[4, 30] on every forward once generation passes frame 30 - distance, as theirs (`random.randint` in
+`_forward_inference`): `rng` draws it, so a parity run seeds it as theirs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ from characters.families.liveavatar.rope import (
     reference_group,
     shift_time,
 )
+from kernels.attention import PARTS, merge_parts, parts_ref
+
+
+def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Attention of (1, T, Hh, Dh) queries over the union of key sets [(k, v) (1, L, Hh, Dh)], each attended
+    where it lies (no concatenated copy of the cache) and merged by log-sum-exp: (1, T, Hh * Dh)."""
+    qh = q.transpose(1, 2)
+    scale = q.shape[-1] ** -0.5
+    fn = PARTS["flash"] if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) else parts_ref
+    outs, lses = zip(*(fn(qh, k.transpose(1, 2), v.transpose(1, 2), scale) for k, v in parts), strict=True)
+    return merge_parts(torch.stack(outs, 1), torch.stack(lses, 1)).transpose(1, 2).flatten(2)
 
 
 def euler_schedule(steps: int, shift: float, train_timesteps: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +70,7 @@ class LayerCaches:
 
     cond_k: torch.Tensor  # (1, Lc, Hh, Dh) un-rotated
     cond_v: torch.Tensor  # (1, Lc, Hh, Dh)
+    cond_kr: torch.Tensor  # (1, Lc, Hh, Dh) rotated: the motion part once, the reference part every forward
     k: list[torch.Tensor] = field(default_factory=list)  # per step (1, S, Hh, Dh), rotated
     v: list[torch.Tensor] = field(default_factory=list)
 
@@ -84,12 +97,13 @@ class LiveAvatarStream:
         ref = shift_time(reference_group(self.hp, self.wp, self.loop.cond_rollout_base), rollout)
         return [ref, *motion_groups(self.hp, self.wp, self.model.cfg.motion_buckets)]
 
-    def _cond_rope(self) -> torch.Tensor:
-        """(Lc, Dh/2, 2) for this forward: the reference rolled by a fresh random distance once past it."""
+    def _ref_rope(self) -> torch.Tensor:
+        """(N, Dh/2, 2) for this forward: the reference rolled by a fresh random distance once past it (the
+        motion groups never roll)."""
         distance = self.rng.randint(4, 30)
         frame = self.blocks_done * self.loop.frames_per_block
         rollout = max(0, frame - (self.loop.cond_rollout_base - distance))
-        return self.table.groups(self._cond_groups(rollout))
+        return self.table.group(self._cond_groups(rollout)[0])
 
     # ----------------------------------------------------------------------------------------- session
 
@@ -113,12 +127,12 @@ class LiveAvatarStream:
         slots, hh, dh = self.loop.cache_slots, m.cfg.num_heads // m.shard, m.cfg.head_dim
         self.layers = []
         for i, blk in enumerate(m.blocks):
-            caches = LayerCaches(cond_k=x.new_zeros(0), cond_v=x.new_zeros(0))
+            caches = LayerCaches(cond_k=x.new_zeros(0), cond_v=x.new_zeros(0), cond_kr=x.new_zeros(0))
 
             def prefill(attn: SelfAttention, h: torch.Tensor, caches: LayerCaches = caches) -> torch.Tensor:
                 q, k, v = attn.qkv(h)
-                caches.cond_k, caches.cond_v = k, v
-                return attn.o(attend(apply_rope(q, cs).type_as(v), apply_rope(k, cs).type_as(v), v))
+                caches.cond_k, caches.cond_v, caches.cond_kr = k, v, apply_rope(k, cs).type_as(v)
+                return attn.o(attend(apply_rope(q, cs).type_as(v), caches.cond_kr, v))
 
             x = blk(x, e, prefill, self.text_kv[i])
             caches.k = [x.new_zeros(1, slots, hh, dh) for _ in range(self.loop.steps)]
@@ -139,7 +153,8 @@ class LiveAvatarStream:
         x = m.noisy_tokens(latents, self.pose)  # (1, T, D)
         dev = x.device
         cs = self.table.group(noisy_group(f, self.hp, self.wp, frame)).to(dev)
-        cond_cs = self._cond_rope().to(dev)
+        ref_cs = self._ref_rope().to(dev)
+        n_ref = ref_cs.shape[0]
         e0, e = m.time_mods(t.expand(f).to(dev))
         e_tok = e0.repeat_interleave(self.n_tokens, dim=0)  # (T, 6, D)
         for i, blk in enumerate(m.blocks):
@@ -149,9 +164,9 @@ class LiveAvatarStream:
                 q, k, v = rope_attention(sa, h, cs)
                 caches.k[step][:, at:at + loop.block_tokens] = k
                 caches.v[step][:, at:at + loop.block_tokens] = v
-                keys = torch.cat([caches.k[step][:, :active], apply_rope(caches.cond_k, cond_cs).type_as(v)], dim=1)
-                vals = torch.cat([caches.v[step][:, :active], caches.cond_v], dim=1)
-                return sa.o(attend(q, keys, vals))
+                caches.cond_kr[:, :n_ref] = apply_rope(caches.cond_k[:, :n_ref], ref_cs).type_as(v)
+                return sa.o(attend_parts(q, [(caches.k[step][:, :active], caches.v[step][:, :active]),
+                                             (caches.cond_kr, caches.cond_v)]))
 
             x = blk(x, e_tok, attn, self.text_kv[i])
             x = inject_audio(m, i, x, audio, f)
