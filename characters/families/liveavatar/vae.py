@@ -257,6 +257,7 @@ def wan_vae_from_state_dict(state: Mapping[str, object], cfg: VAEConfig = LIVEAV
     if unknown:
         raise ValueError(f"{source}: tensor {unknown[0]!r} is not in Wan2.1's VAE ({len(unknown)} unknown); "
                          f"expected Wan2.1_VAE.pth (z_dim 16, dim {cfg.base_channels}), not another model's file")
+    checked: dict[str, torch.Tensor] = {}
     for key, shape in spec.items():
         t = state[key]
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -265,17 +266,19 @@ def wan_vae_from_state_dict(state: Mapping[str, object], cfg: VAEConfig = LIVEAV
         if tuple(t.shape) != shape:
             raise ValueError(f"{source}: tensor {key!r} has shape {tuple(t.shape)}; Wan2.1's VAE at dim "
                              f"{cfg.base_channels} needs {shape}")
-    tensors: dict[str, dict[str, torch.Tensor]] = _fold(state, cfg.latent_channels)  # type: ignore[arg-type]
+        checked[key] = t
+    tensors = _fold(checked, cfg.latent_channels)
     with torch.device("meta"):
-        models: dict[str, nn.Module] = {"decoder": CausalDecoder(cfg), "encoder": WanEncoder(cfg)}
+        decoder, encoder = CausalDecoder(cfg), WanEncoder(cfg)
+    models: dict[str, nn.Module] = {"decoder": decoder, "encoder": encoder}
     params = {name: dict(m.named_parameters()) for name, m in models.items()}
-    for wan, (model, ours, _) in _mapping(models["decoder"], models["encoder"]).items():  # type: ignore[arg-type]
-        tensors[model][ours] = state[wan].reshape(params[model][ours].shape)  # type: ignore[union-attr]
+    for wan, (model, ours, _) in _mapping(decoder, encoder).items():
+        tensors[model][ours] = checked[wan].reshape(params[model][ours].shape)
     for name, m in models.items():
         m.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors[name].items()},
                           strict=True, assign=True)
         m.eval().requires_grad_(False)
-    return models["decoder"], models["encoder"]  # type: ignore[return-value]
+    return decoder, encoder
 
 
 def load_wan_vae(path: str | Path, cfg: VAEConfig = LIVEAVATAR_VAE, *, device: torch.device | str = "cpu",
