@@ -107,6 +107,19 @@ def test_streaming_decode_equals_theirs(golden: tuple[dict, dict[str, torch.Tens
 
 
 @torch.inference_mode()
+def test_first_chunk_of_one_latent_frame(golden: tuple[dict, dict[str, torch.Tensor]],
+                                         vae: tuple[CausalDecoder, WanEncoder]) -> None:
+    """A stream begun by a single latent frame (1 frame out), then chunks of 2 and 4: their 25 primed frames."""
+    _, t = golden
+    decoder, _ = vae
+    motion = t["motion_latents"][None, :, :MOTION_PRIME_LATENTS]
+    state = decoder.init_state(1, *motion.shape[-2:], "cpu", torch.float32)
+    parts = [decoder.decode_chunk(motion[:, :, a:b], state) for a, b in ((0, 1), (1, 3), (3, 7))]
+    assert [p.shape[2] for p in parts] == [1, 8, 16]
+    assert _rel(torch.cat(parts, dim=2)[0], t["stream_prime_frames"]) < TOL
+
+
+@torch.inference_mode()
 def test_offline_decode_equals_theirs(golden: tuple[dict, dict[str, torch.Tensor]],
                                       vae: tuple[CausalDecoder, WanEncoder]) -> None:
     _, t = golden
