@@ -150,7 +150,8 @@ class ActorScheduler:
         return await self._call("list_sessions")
 
     async def end_session(self, session_id: str, reason: str = "deleted") -> SessionInfo:
-        return await self._call("end_session", session_id, reason, REQUEST_TRACE.get())
+        carried = REQUEST_TRACE.get()  # passed only when there is one: any scheduler takes (id, reason)
+        return await self._call("end_session", session_id, reason, *([carried] if carried else []))
 
     async def capacity(self) -> Capacity:
         return await self._call("capacity")

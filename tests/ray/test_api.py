@@ -385,7 +385,8 @@ def test_openapi_lists_endpoints_and_error_schema(server: Server) -> None:
                                  "/v1/realtime_sessions/{session_id}/consume", "/v1/avatars",
                                  "/v1/avatars/{avatar_id}", "/v1/sessions/{session_id}/audio", "/v1/watch/config",
                                  "/v1/watch/sessions", "/v1/watch/token",
-                                 "/v1/livekit"}  # + the watch page's (deployments.api.watch)
+                                 "/v1/livekit",  # + the watch page's (deployments.api.watch)
+                                 "/readyz", "/v1/usage", "/v1/avatar_usage"}  # + the ingress's (deployments.api.app)
     assert set(doc["paths"]["/v1/sessions"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/sessions/{session_id}"]) == {"get", "delete"}
     post = doc["paths"]["/v1/sessions"]["post"]
