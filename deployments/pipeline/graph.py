@@ -29,22 +29,20 @@ API (`execute_async`) resolves a failed execution with a `RayChannelError` *valu
 synchronous `CompiledDAGRef.get` raises `ActorDiedError` naming the actor within milliseconds.
 
 Why once per slot: in Ray 2.60 every compiled graph allocates its channels as mutable objects in the
-object store that its teardown never frees (there is no call to unregister them), and every worker
-keeps their pages mapped: a graph per session left ~1.4-3.8 MB in each worker process and ~11 MB
-of pinned object store per session. One graph per slot costs that once. Between sessions the
-workers get their session state through plain actor calls (start, open, reset), which run on the
-actors' default thread while the graph's loop waits on its input channel; the session id travels
-with every chunk, so a chunk of another session fails loudly (`SessionMismatch`).
+object store that its teardown never frees, and every worker keeps their pages mapped, so a graph per
+session would leak memory in every worker and pinned object store per session. One graph per slot costs
+that once. Between sessions the workers get their session state through plain actor calls (start, open,
+reset), which run on the actors' default thread while the graph's loop waits on its input channel; the
+session id travels with every chunk, so a chunk of another session fails loudly (`SessionMismatch`).
 
 `ActorCallPipeline` is the same interface over plain actor calls (`graph="actor_calls"`): the default
 on CPUs (`graph_mode`), the fallback, and the baseline the benchmark compares against.
 
-Why not the graph on CPUs: in Ray 2.60 a graph actor waiting on its input channel polls it
-(`sched_yield` in a loop), so it spins a core while idle: 0.98 cores for each of two idle actors fed every
-166.7 ms (measured). On the embedded default's two cores the DiT, decoder and room actors, waiting
-most of each chunk, took 0.61 + 0.50 + 0.58 cores, all that was left; over actor calls, in the next run
-of the same benchmark, 0.26 + 0.13 + 0.18 (`scripts/bench_latency.py`'s `cores_used`). On a GPU host the
-spinning costs a few of many cores and buys the NCCL handoff and the graph's per-chunk latency.
+Why not the graph on CPUs: in Ray 2.60 a graph actor waiting on its input channel polls it (`sched_yield`
+in a loop), so it spins a core while idle; on the embedded default's two cores the waiting DiT, decoder and
+room actors would take what the chunk path needs (`scripts/benchmarks/bench_latency.py` reports `cores_used`).
+On a GPU host the spinning costs a few of many cores and buys the NCCL handoff and the graph's per-chunk
+latency. The loop that drives either is `deployments.pipeline.loop`.
 """
 
 from __future__ import annotations
