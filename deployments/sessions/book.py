@@ -103,9 +103,10 @@ class SessionBook:
     def listed(self) -> list[SessionInfo]:
         """The sessions in memory, then the newest ended ones only the database still has (`ended_max` in all)."""
         infos = [s.info for s in self.sessions.values()]
-        if self.records is not None:
-            room = max(0, self.ended_max - sum(s.terminal for s in self.sessions.values()))
-            infos += self._stored("list", lambda: self.records.ended(room, self.sessions) if self.records else []) or []
+        room = self.ended_max - sum(s.terminal for s in self.sessions.values())
+        if self.records is not None and room > 0:  # after a restart, until memory holds `ended_max` again
+            records = self.records
+            infos += self._stored("list", lambda: records.ended(room, self.sessions)) or []
         return infos
 
     # ------------------------------------------------------------------------------ the database

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -202,3 +203,36 @@ def test_live_sessions_end_failed_service_restarted_at_their_last_heartbeat(url)
         "byDay": [{"date": "2026-12-07", "seconds": 0, "sessions": 0},
                   {"date": "2026-12-08", "seconds": 60, "sessions": 4}]}
     assert usage.runway("nobody", False, DAY, DAY + datetime.timedelta(days=1))["totalSessions"] == 0
+
+
+def test_the_schedulers_book_writes_its_records_and_reads_ended_ones_back(tmp_path):
+    """`SessionBook` over `SessionRows` (what the scheduler actor holds): every status change is a write; a new book
+    on the same database ends the old live ones, lists the ended ones it no longer holds and gets them by id."""
+    from deployments.sessions.book import SessionBook
+    from deployments.settings import TelemetryConfig
+    from deployments.telemetry import SchedulerTelemetry, Telemetry
+    from deployments.types import SessionSpec, UnknownSession
+
+    url = database_url(str(tmp_path / "data"))
+    tele = SchedulerTelemetry(Telemetry(TelemetryConfig(), "test", "scheduler"))  # off
+    book = SessionBook(tele, events_max=16, ended_max=2, records=SessionRows(open_engine(url), "sched"))
+    image = np.zeros((4, 4, 3), np.uint8)
+    for sid in ("a", "b", "c"):
+        sess = book.add(book.new(SessionSpec(sid, image, api_key_id="app"), SessionStatus.QUEUED))
+        book.status(sess, SessionStatus.STARTING)
+        sess.info.started_at = time.time()
+        book.status(sess, SessionStatus.RUNNING)
+    for sid in ("a", "b"):
+        book.terminal(book.get(sid), SessionStatus.ENDED, "deleted")
+    book.heartbeat()
+    assert [s.info.id for s in book.live()] == ["c"] and len(book.listed()) == 3  # ended_max in memory: no read
+
+    again = SessionBook(tele, events_max=16, ended_max=2, records=SessionRows(open_engine(url), "sched"))
+    assert [i.id for i in again.restored(gpus=5)] == ["c"] and again.gpus == 5
+    listed = again.listed()  # nothing in memory: the newest 2 ended, from the database
+    assert [(i.id, i.status, i.reason) for i in listed] == [("c", SessionStatus.FAILED, "service_restarted"),
+                                                           ("b", SessionStatus.ENDED, "deleted")]
+    old = again.get("a")
+    assert old.terminal and old.info.reason == "deleted" and old.info.owner == "app" and old.spec.api_key_id == "app"
+    with pytest.raises(UnknownSession):
+        again.get("nope")
