@@ -9,8 +9,14 @@ Reference image rules (`load_image`):
 - The EXIF orientation is applied. Transparency (RGBA, LA, palette with a transparent colour) is
   composited over white; grayscale, CMYK and other modes become RGB; 16-bit and float grayscale are
   scaled to 8 bits (16-bit: /257; float: [0, 1] -> [0, 255]).
-- Resize rule: scale to *cover* the target (aspect ratio kept, Lanczos), then centre-crop to exactly
-  (height, width). Done as one resample of the centred source box with the target's aspect ratio.
+- Framing (`frame_reference`): the largest face OpenCV's bundled frontal-face Haar cascade finds decides it.
+  The head (the face box widened for the ears, raised for the hair, lowered for the chin) must be inside the
+  frame: today's centre crop when it already is; else a crop of the same size moved to hold it; else (a
+  portrait in a landscape frame) a box of the target's aspect around the head that reaches past the picture,
+  the part outside extended (edge pixels, blurred). Never a crop through the head. No face found: the centre
+  crop, and `Framing.face_found` is False (callers say so).
+- Resize rule: one Lanczos resample of the chosen source box (the centred *cover* box: scale to cover the
+  target, aspect ratio kept, then centre-crop to exactly (height, width)).
 
 `Mp4Writer` writes H.264 (yuv420p; libx264 when this PyAV build has it) and mono AAC at 48 kHz, with
 exact timestamps: frame i is at i / fps, audio sample n at n / 16000, so chunks of frames and their
@@ -20,6 +26,8 @@ audio can be written interleaved.
 from __future__ import annotations
 
 import io
+import math
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +42,10 @@ if TYPE_CHECKING:
 SAMPLE_IMAGE = Path(__file__).parent / "assets" / "sample_face.png"
 
 MIN_IMAGE_SIDE = 16
+FACE_CASCADE = "haarcascade_frontalface_default.xml"  # in opencv-python-headless's wheel (cv2.data.haarcascades)
+DETECT_SIDE = 640  # faces are looked for on a copy whose longer side is at most this
+# the head around a Haar face box (x, y, w, h), in face widths/heights: ears, hair above, chin and neck below
+HEAD_LEFT, HEAD_RIGHT, HEAD_TOP, HEAD_BOTTOM = 0.35, 0.35, 0.6, 0.35
 AAC_SAMPLE_RATE = 48000
 H264_ENCODERS = ("libx264", "h264", "libopenh264")
 
@@ -77,8 +89,108 @@ def _cover_box(src_w: int, src_h: int, width: int, height: int) -> tuple[float, 
     return 0.0, top, float(src_w), top + crop_h
 
 
+Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How `frame_reference` framed a picture."""
+
+    face_found: bool
+    face_box: tuple[int, int, int, int] | None  # (x, y, w, h) of the face in the framed image's pixels
+    extended: bool  # the frame reaches past the picture: that part is extended from its edges
+
+    def describe(self) -> str:
+        if not self.face_found:
+            return "no face found in the reference image: centre-cropped (the head may be cut); use a frontal portrait"
+        how = "extended past the picture's edges" if self.extended else "cropped"
+        return f"face found at {self.face_box} (x, y, w, h): head kept whole, {how}"
+
+
+def detect_face(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The largest frontal face in `(H, W, 3)` uint8 RGB as (x, y, w, h) pixels, or None (OpenCV's Haar cascade)."""
+    import cv2  # opencv-python-headless: the cascade ships in its wheel
+
+    h, w = rgb.shape[:2]
+    scale = min(1.0, DETECT_SIDE / max(h, w))
+    gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    if scale < 1.0:
+        gray = cv2.resize(gray, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
+    cascade = cv2.CascadeClassifier(str(Path(cv2.data.haarcascades) / FACE_CASCADE))  # type: ignore[attr-defined]
+    side = max(24, min(gray.shape) // 8)
+    faces = cascade.detectMultiScale(gray, scaleFactor=1.1, minNeighbors=5, minSize=(side, side))
+    if len(faces) == 0:
+        return None
+    x, y, fw, fh = max((tuple(int(v) for v in f) for f in faces), key=lambda f: f[2] * f[3])
+    return round(x / scale), round(y / scale), round(fw / scale), round(fh / scale)
+
+
+def _head_box(face: tuple[int, int, int, int]) -> Box:
+    x, y, w, h = face
+    return x - HEAD_LEFT * w, y - HEAD_TOP * h, x + (1 + HEAD_RIGHT) * w, y + (1 + HEAD_BOTTOM) * h
+
+
+def _place(lo: float, size: float, head_lo: float, head_hi: float, src: float) -> float:
+    """Start of a `size` span along one axis holding [head_lo, head_hi]: inside [0, src] where it fits there."""
+    if size >= src:  # reaches past the picture on this axis: centre the head, then stay as inside as it can
+        start = (head_lo + head_hi - size) / 2
+        return min(max(start, src - size), 0.0)
+    return min(max(lo, head_hi - size, 0.0), head_lo, src - size) if head_hi - head_lo <= size else \
+        (head_lo + head_hi - size) / 2
+
+
+def _frame_box(src_w: int, src_h: int, width: int, height: int, face: tuple[int, int, int, int] | None) -> Box:
+    """The source box (target aspect) that becomes the frame: the cover box, moved or grown to hold the head."""
+    cover = _cover_box(src_w, src_h, width, height)
+    if face is None:
+        return cover
+    hl, ht, hr, hb = _head_box(face)
+    cl, ct, cr, cb = cover
+    if cl <= hl and ct <= ht and hr <= cr and hb <= cb:
+        return cover
+    aspect = width / height
+    bh = max(cb - ct, hb - ht, (hr - hl) / aspect)  # never smaller than today's crop
+    bw = bh * aspect
+    left = _place(cl, bw, hl, hr, src_w)
+    top = _place(ct, bh, ht, hb, src_h)
+    return left, top, left + bw, top + bh
+
+
+def _extend(im: Image.Image, box: Box, height: int, width: int) -> tuple[np.ndarray, bool]:
+    """Resample `box` of `im` to (height, width); where the box lies outside the picture, its edge pixels
+    extended and blurred (a soft continuation, not streaks)."""
+    left, t, r, b = box
+    pl, pt = max(0, math.ceil(-left)), max(0, math.ceil(-t))
+    pr, pb = max(0, math.ceil(r - im.width)), max(0, math.ceil(b - im.height))
+    if not (pl or pt or pr or pb):
+        whole = im.resize((width, height), Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
+        return np.asarray(whole, dtype=np.uint8), False
+    import cv2
+
+    src = np.pad(np.asarray(im, dtype=np.uint8), ((pt, pb), (pl, pr), (0, 0)), mode="edge")  # (H+p, W+p, 3)
+    shifted = (left + pl, t + pt, r + pl, b + pt)
+    out: np.ndarray = np.asarray(Image.fromarray(src).resize((width, height), Image.Resampling.LANCZOS, box=shifted,
+                                                 reducing_gap=3.0), dtype=np.uint8)  # (H, W, 3)
+    sx, sy = width / (r - left), height / (b - t)  # frame pixels per source pixel
+    inside: np.ndarray = np.zeros((height, width), np.float32)  # 1 where the frame shows the picture itself
+    x0, y0 = round(-left * sx), round(-t * sy)
+    x1, y1 = round((im.width - left) * sx), round((im.height - t) * sy)
+    inside[max(0, y0):max(0, y1), max(0, x0):max(0, x1)] = 1.0
+    soft = max(2.0, 0.02 * max(height, width))
+    inside = cv2.GaussianBlur(inside, (0, 0), soft)[..., None] * (inside[..., None] > 0)  # fades only outward
+    blurred = cv2.GaussianBlur(out.astype(np.float32), (0, 0), 3 * soft)
+    mixed = out * inside + blurred * (1 - inside)
+    return np.clip(mixed + 0.5, 0, 255).astype(np.uint8), True
+
+
 def load_image(source: str | Path | bytes, height: int, width: int, max_pixels: int = 40_000_000) -> np.ndarray:
     """Decode a reference image to `(height, width, 3)` uint8 RGB by the rules in the module docstring."""
+    return frame_reference(source, height, width, max_pixels)[0]
+
+
+def frame_reference(source: str | Path | bytes, height: int, width: int,
+                    max_pixels: int = 40_000_000) -> tuple[np.ndarray, Framing]:
+    """`load_image`, and how the picture was framed (`Framing`: whether a face was found, where it is)."""
     if height < 1 or width < 1:
         raise ValueError(f"target size height={height}, width={width} must be positive")
     what = _describe(source)
@@ -110,10 +222,15 @@ def load_image(source: str | Path | bytes, height: int, width: int, max_pixels: 
             f"image {what} is {im.width}x{im.height}, smaller than the minimum {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}; "
             "use a larger reference image"
         )
-    box = _cover_box(im.width, im.height, width, height)
-    out = im.resize((width, height), Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
-    arr = np.asarray(out, dtype=np.uint8)  # (H, W, 3)
-    return np.ascontiguousarray(arr)
+    face = detect_face(np.asarray(im, dtype=np.uint8))
+    box = _frame_box(im.width, im.height, width, height, face)
+    arr, extended = _extend(im, box, height, width)  # (H, W, 3)
+    framed: tuple[int, int, int, int] | None = None
+    if face is not None:
+        sx, sy = width / (box[2] - box[0]), height / (box[3] - box[1])
+        x, y, w, h = face
+        framed = (round((x - box[0]) * sx), round((y - box[1]) * sy), round(w * sx), round(h * sy))
+    return np.ascontiguousarray(arr), Framing(face is not None, framed, extended)
 
 
 # ------------------------------------------------------------------------------------------------- MP4

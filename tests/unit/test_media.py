@@ -179,3 +179,34 @@ def test_mp4_writer_checks_its_inputs(tmp_path: Path) -> None:
         writer.write_frames(np.zeros((1, 32, 32, 3), np.uint8))
     frames, _, audio, _ = read_mp4(tmp_path / "x.mp4")
     assert frames.shape == (2, 32, 32, 3) and audio.size == 0
+
+
+def test_a_portrait_is_framed_with_the_whole_head() -> None:
+    """The square sample face in a landscape frame: today's centre crop cuts through the hair; the face framing
+    keeps the head (face box widened and raised by the head margins) inside the frame, the sides extended."""
+    from characters.media import HEAD_BOTTOM, HEAD_LEFT, HEAD_RIGHT, HEAD_TOP, frame_reference
+
+    out, framing = frame_reference(SAMPLE_IMAGE, 176, 272)
+    assert out.shape == (176, 272, 3) and framing.face_found and framing.extended
+    assert framing.face_box is not None
+    x, y, w, h = framing.face_box
+    assert x - HEAD_LEFT * w >= -1 and y - HEAD_TOP * h >= -1
+    assert x + (1 + HEAD_RIGHT) * w <= 273 and y + (1 + HEAD_BOTTOM) * h <= 177
+    # the extension continues the light-blue background: the frame's left and right columns are the picture's
+    src = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"), dtype=np.float64)
+    edge = np.concatenate([src[:, 0], src[:, -1]]).mean(axis=0)
+    sides = np.concatenate([out[:, 0], out[:, -1]]).astype(np.float64).mean(axis=0)
+    assert np.abs(sides - edge).max() < 6, (sides, edge)
+
+
+def test_no_face_is_framed_as_before_and_says_so() -> None:
+    from characters.media import _cover_box, frame_reference
+
+    rng = np.random.default_rng(3)
+    arr = rng.integers(0, 256, (90, 200, 3), dtype=np.uint8)
+    out, framing = frame_reference(encode(Image.fromarray(arr)), 48, 64)
+    assert not framing.face_found and framing.face_box is None and not framing.extended
+    assert "no face found" in framing.describe()
+    box = _cover_box(200, 90, 64, 48)
+    want = np.asarray(Image.fromarray(arr).resize((64, 48), Image.Resampling.LANCZOS, box=box, reducing_gap=3.0))
+    assert np.array_equal(out, want)
