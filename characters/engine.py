@@ -17,6 +17,7 @@ import torch
 from characters.audio import chunk_sample_range
 from characters.config import SessionConfig
 from characters.dit_runner import DiTRunner, ForwardRecord, cpu_matmul, flow_schedule, torch_dtype
+from characters.identity import IdentityAnchor
 from characters.stage_times import StageRecorder
 from characters.vae import CausalDecoder, VAEEncoder
 from characters.weights import load_weights, resolve_weights, seeded_build
@@ -103,11 +104,33 @@ class DecoderRunner:
         self._begun = False  # decode_first ran, decode_rest not yet
         self.recorder: StageRecorder | None = None  # optional stage timing ("decode"); off by default
         self.chunk = 0  # chunks decoded since start()
+        self.anchor: IdentityAnchor | None = None  # the session's identity anchor (`start(reference=...)`)
+        self._anchors: dict[bytes, IdentityAnchor | None] = {}  # by reference digest: built once per avatar
 
-    def start(self) -> None:
+    def start(self, reference: np.ndarray | None = None) -> None:
+        """A new session. `reference`: its framed (H, W, 3) uint8 reference image; decoded frames are then
+        anchored on it (`characters.identity`: the reference outside the mouth region, colours matched), when a
+        face is found in it. None: frames leave as decoded."""
         self.decoder.reset_state(self.state)
         self.state.pending, self._begun, self._mark = None, False, None
         self.chunk = 0
+        self.anchor = None if reference is None else self._anchor_for(reference)
+        if self.anchor is not None:
+            self.anchor.reset()
+
+    def _anchor_for(self, reference: np.ndarray) -> IdentityAnchor | None:
+        import hashlib
+
+        image = np.ascontiguousarray(reference)
+        key = hashlib.blake2b(image.data, digest_size=16).digest()
+        if key not in self._anchors:
+            if len(self._anchors) >= 32:  # avatars kept, as the decoder worker keeps their latents
+                self._anchors.pop(next(iter(self._anchors)))
+            self._anchors[key] = IdentityAnchor.build(image, self.device)
+        return self._anchors[key]
+
+    def _anchored(self, frames: torch.Tensor) -> torch.Tensor:
+        return frames if self.anchor is None else self.anchor.apply(frames)
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         if self.uint8_out:
@@ -143,6 +166,7 @@ class DecoderRunner:
             self._z.copy_(latents, non_blocking=True)
             self.graph.replay()
             out = self._frames.clone()
+        out = self._anchored(out)
         if rec is not None:
             rec.end(mark)
         return out
@@ -160,11 +184,11 @@ class DecoderRunner:
         self.chunk += 1
         self._begun = True
         if self._graphs is None:
-            return self._decode_first(latents.to(self.device, self.dtype))
+            return self._anchored(self._decode_first(latents.to(self.device, self.dtype)))
         first, _ = self._graphs
         self._z.copy_(latents, non_blocking=True)
         first.graph.replay()
-        return first.out.clone()
+        return self._anchored(first.out.clone())
 
     @torch.inference_mode()
     def decode_rest(self) -> torch.Tensor:
@@ -178,6 +202,7 @@ class DecoderRunner:
             _, rest = self._graphs
             rest.graph.replay()
             out = rest.out.clone()
+        out = self._anchored(out)
         if self.recorder is not None and self._mark is not None:
             self.recorder.end(self._mark)
         self._mark = None
@@ -244,7 +269,7 @@ class CharacterEngine:
 
     def start(self, image: np.ndarray) -> None:
         self.dit.start(self.encoder.encode(image))
-        self.decoder.start()
+        self.decoder.start(reference=image)
 
     def step(self, pcm: np.ndarray) -> np.ndarray:
         """Chunk k's audio samples -> its F frames (F, H, W, 3) uint8."""

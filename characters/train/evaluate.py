@@ -29,14 +29,15 @@ def chunk_pcm(pcm: np.ndarray, k: int, frames_per_chunk: int = 4) -> np.ndarray:
 
 
 def generate(dit: DiTRunner, encoder: ReferenceEncoder | None, decoder: DecoderRunner | None, image: np.ndarray,
-             pcm: np.ndarray, frames: int, seed: int | None = None) -> np.ndarray | None:
+             pcm: np.ndarray, frames: int, seed: int | None = None, anchor: bool = True) -> np.ndarray | None:
     """Frames (F, H, W, 3) uint8 of one session over `pcm`; None where this process has no decoder (a
     tensor-parallel rank > 0, which still runs its share of every DiT step). `encoder` None: the reference
-    latent is encoded by a fresh `ReferenceEncoder` of the DiT's config."""
+    latent is encoded by a fresh `ReferenceEncoder` of the DiT's config. `anchor`: frames anchored on the
+    reference (`characters.identity`), as a session's are; False: as the decoder makes them."""
     enc = encoder or ReferenceEncoder(dit.cfg)
     dit.start(enc.encode(image), seed)
     if decoder is not None:
-        decoder.start()
+        decoder.start(reference=image if anchor else None)
     fc = dit.cfg.model.generation.frames_per_chunk
     out = []
     for k in range(-(-frames // fc)):
@@ -70,13 +71,14 @@ class Generated:
     references: list[np.ndarray]
 
 
-def generate_clips(cfg: SessionConfig, clips: list[Clip], seed: int = 0) -> Generated:
+def generate_clips(cfg: SessionConfig, clips: list[Clip], seed: int = 0, anchor: bool = True) -> Generated:
     """Every clip through one in-process engine (restarted per clip, noise seeded per clip)."""
     engine = CharacterEngine(cfg)
     frames, refs = [], []
     for i, clip in enumerate(clips):
         ref = reference_image(clip.identity)
-        frames.append(generate(engine.dit, engine.encoder, engine.decoder, ref, clip.pcm, clip.frames, seed + i))
+        frames.append(generate(engine.dit, engine.encoder, engine.decoder, ref, clip.pcm, clip.frames, seed + i,
+                               anchor))
         refs.append(ref)
     return Generated(frames, refs)  # type: ignore[arg-type]
 

@@ -34,14 +34,15 @@ from characters.weights import resolve_weights  # noqa: E402
 from scripts.benchmarks import results  # noqa: E402
 
 
-def drift_session(engine: CharacterEngine, clips: list, identity_index: int, seconds: float) -> dict[str, object]:
+def drift_session(engine: CharacterEngine, clips: list, identity_index: int, seconds: float,
+                  anchor: bool = True) -> dict[str, object]:
     """One long session: identity of clip `identity_index`, speech of held-out clips back to back."""
     ident = clips[identity_index].identity
     pcm = np.concatenate([clips[(identity_index + j) % len(clips)].pcm for j in range(len(clips))])
     frames = int(seconds * 24) // 4 * 4
     pcm = pcm[: frames * 16000 // 24]
     ref = reference_image(ident)
-    video = generate(engine.dit, engine.encoder, engine.decoder, ref, pcm, frames, seed=identity_index)
+    video = generate(engine.dit, engine.encoder, engine.decoder, ref, pcm, frames, seed=identity_index, anchor=anchor)
     assert video is not None
     windows = identity_drift(video, ident, ref)
     rows = []
@@ -73,6 +74,8 @@ def main() -> None:
     p.add_argument("--cpu-matmul", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="the DiT's linear layers on this CPU (TopologyConfig.cpu_matmul; auto: bf16 where the CPU has "
                         "bf16 dot products)")
+    p.add_argument("--no-anchor", action="store_true",
+                   help="frames as the decoder makes them, without the identity anchor (characters.identity)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/cpu/lipsync_<preset>.json)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -87,7 +90,7 @@ def main() -> None:
     _, test = load_or_build(args.data, TRAIN_CLIPS, TEST_CLIPS)  # the test split excludes the train sentences
     clips = test[: args.clips]
     t0 = time.perf_counter()
-    gen = generate_clips(cfg, clips, seed=args.seed)
+    gen = generate_clips(cfg, clips, seed=args.seed, anchor=not args.no_anchor)
     score = lipsync_score(gen.frames, [c.pcm for c in clips], [c.identity for c in clips], gen.references)
     gen_s = time.perf_counter() - t0
     close = fidelity(gen.frames, [render_clip(c) for c in clips], [c.identity for c in clips])
@@ -99,13 +102,14 @@ def main() -> None:
         gen_r = generate_clips(rnd, some, seed=args.seed)
         baseline = lipsync_score(gen_r.frames, [c.pcm for c in some], [c.identity for c in some], gen_r.references)
     engine = CharacterEngine(cfg)
-    drift = [drift_session(engine, test, i, args.drift_seconds) for i in range(args.drift_identities)]
+    drift = [drift_session(engine, test, i, args.drift_seconds, not args.no_anchor)
+             for i in range(args.drift_identities)]
     weights = resolve_weights(cfg)
     result = {
         "command": " ".join(["python", *sys.argv]), "preset": args.preset,
         "weights": str(weights.relative_to(ROOT) if weights and weights.is_relative_to(ROOT) else weights or "random"),
         "cache_mode": args.cache_mode, "threads": args.threads, "torch": torch.__version__, "seed": args.seed,
-        "denoising_steps": cfg.model.generation.denoising_steps,
+        "denoising_steps": cfg.model.generation.denoising_steps, "identity_anchor": not args.no_anchor,
         "vae_decoder_output": cfg.model.vae.decoder_output,
         "cpu_matmul": cpu_matmul(args.cpu_matmul), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
         "lipsync": {**score.as_dict(), "r_clips": score.r_clips}, "ground_truth": truth.as_dict(),
