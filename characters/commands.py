@@ -84,6 +84,23 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _weights(args: argparse.Namespace) -> int:
+    from characters.families.liveavatar.hub import fetch, missing_files
+
+    if args.action == "check":
+        gone = missing_files(args.dest)
+        print(f"characters weights: {args.dest} " + (f"lacks {gone}" if gone else "holds every LiveAvatar file"),
+              file=sys.stderr if gone else sys.stdout)
+        return 2 if gone else 0
+    try:
+        dest = fetch(args.dest, cache_dir=args.cache_dir, local_files_only=args.offline)
+    except (OSError, ImportError, ValueError) as err:  # the hub's errors are OSError / ValueError subclasses
+        print(f"characters weights: {err}", file=sys.stderr)
+        return 2
+    print(f"characters weights: LiveAvatar is in {dest}")
+    return 0
+
+
 def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
     """The parser; `extend(subparsers)` lets a higher layer add its commands (deployments adds `serve`)."""
     p = argparse.ArgumentParser(prog="characters", description="Real-time video characters.")
@@ -105,6 +122,13 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
                    "if any, else seeded random ones)")
     w.add_argument("--random-weights", action="store_true", help="seeded random weights instead of trained ones")
     d.set_defaults(func=_demo)
+    wt = sub.add_parser("weights", help="fetch or check a public model's published files (liveavatar)")
+    wt.add_argument("action", choices=["fetch", "check"])
+    wt.add_argument("model", choices=["liveavatar"])
+    wt.add_argument("--dest", default="ckpt", help="folder the model's files appear in (default ./ckpt)")
+    wt.add_argument("--cache-dir", default=None, help="huggingface_hub cache (default: its own, HF_HOME)")
+    wt.add_argument("--offline", action="store_true", help="take the files from the cache only (no network)")
+    wt.set_defaults(func=_weights)
     if extend is not None:
         extend(sub)
     return p
