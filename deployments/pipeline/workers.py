@@ -298,6 +298,7 @@ class DecoderWorker:
         self.frame_shape = (m.generation.height, m.generation.width, 3)
         self._references: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # image digest -> (1, C, h, w) latent
         self.references_encoded = 0
+        self._reference: tuple[str, np.ndarray] | None = None  # (session, image) the next start anchors frames on
 
     def init_device(self) -> str:
         with self.timer.stage("init_device"):
@@ -357,6 +358,7 @@ class DecoderWorker:
             latent = encoder.encode(image).cpu()  # (1, C, h, w)
             self.references_encoded += 1
         self._references[key] = latent  # most recent last
+        self._reference = (session_id, image)
         while len(self._references) > REFERENCES_KEPT:
             self._references.popitem(last=False)
         return pack(session_id, REFERENCE, latent)
@@ -364,7 +366,8 @@ class DecoderWorker:
     def start(self, session_id: str) -> None:
         self.timer.require_ready("DecoderWorker.start")
         runner, _ = self._parts()
-        runner.start()
+        ref = self._reference
+        runner.start(reference=ref[1] if ref is not None and ref[0] == session_id else None)  # characters.identity
         if runner.recorder is not None:
             runner.recorder.reset()
             runner.recorder.anchor()  # as DiT rank 0 does: the handoff compares the two GPUs' times on the host clock
