@@ -4,6 +4,7 @@
     playout   Playout: queues chunks and hands out frames and audio, in sync by construction (its docstring is
               the contract: timeline, jitter buffer, late chunks, speech onsets, segments, interruption)
     trim      TrimPolicy: what latency recovery may trim, shed or cut, decided apart (pure, no clock)
+    speech    SpeechLedger: the speech sent, by segment, and whose samples each chunk holds
     events    what a playout hands out and reports, and the PCM helpers its callers share
 """
 

@@ -45,15 +45,8 @@ before it if that was later: the pipeline's pace): the chunk after the onset mus
 the onset then keep the slack they had; a generator that ignored it would see them late by as much). An onset
 chunk's own slack is not counted by the idle trimming (it is small by design), and speech is never cut.
 
-Speech segments (the avatar protocol's unit: one agent audio stream). The room reports what it sent
-to generation, in order (`speech_open`, `speech_sent`, `speech_ended`); a chunk's window holds agent
-speech first, then padding, so `speech_samples` of its leading samples are speech (FIFO order). When
-the caller does not know that count it is inferred: speech samples are never exactly 0.0 (the room
-nudges exact zeros by one LSB, -90 dBFS), padding is exact zeros, so speech is the prefix up to the
-last non-zero sample. A segment *starts* when the first frame whose audio window holds its first
-sample is shown, and *finishes* when it has ended and all its samples were shown; finishes come in
-segment order. Speech still not generated `stale_speech_s` after it was sent, when a chunk without
-speech arrives, was lost by the generator and counts as skipped (so its segment still finishes).
+Speech segments (the avatar protocol's unit: one agent audio stream) are kept by `characters.pacing.speech`:
+which samples of a chunk are whose, when a segment starts (its first sample's frame is shown) and finishes.
 
 Interruption. `clear(dropped)` (the generator dropped `dropped` queued samples): every unfinished
 segment finishes at once, interrupted. Speech already taken by the generator (in flight) is marked;
@@ -65,8 +58,9 @@ yet played is muted the same way from the current play position (the caller must
 `ClearResult.flush_audio`). Keeping the timeline means the first chunk generated after the clear plays
 on its original schedule, with the jitter buffer's full slack (removing the gap would leave none).
 
-Why one module of this size: the playout's state (queue, committed timeline, speech ledger, segments) is one
-timeline that every operation moves; the decisions of latency recovery are apart, in `characters.pacing.trim`.
+Why one module of this size: the playout's state (queue, committed timeline, held frames, audio hand-out) is one
+timeline that every operation moves; latency recovery's decisions are apart (`characters.pacing.trim`), and so is
+the speech ledger (`characters.pacing.speech`).
 """
 
 from __future__ import annotations
@@ -90,24 +84,13 @@ from characters.pacing.events import (
     speech_prefix,
     to_int16,
 )
+from characters.pacing.speech import CLEARED, Segment, SpeechLedger
 from characters.pacing.trim import TrimPolicy
 
-CLEARED = "\x00cleared"  # ledger owner of speech taken by the generator before an interruption
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------ internals
-
-
-@dataclass
-class _Segment:
-    id: str
-    sent: int = 0
-    played: int = 0
-    skipped: int = 0
-    ended: bool = False
-    started: bool = False
-    first_sent: float | None = None
 
 
 @dataclass(eq=False)
@@ -132,13 +115,6 @@ class _Chunk:
         self.frames, self.pcm, self.spans = None, np.zeros_like(self.pcm), []
 
 
-@dataclass
-class _Sent:
-    owner: str  # a segment id, or CLEARED
-    left: int  # samples not yet seen in a chunk
-    at: float  # when they were sent
-
-
 @dataclass(eq=False)
 class _Slot:
     index: int
@@ -159,8 +135,7 @@ class Playout:
         self.clock = clock
         self._af = c.audio_frame_samples
         self._queue: deque[_Chunk] = deque()
-        self._ledger: deque[_Sent] = deque()  # speech sent to generation and not yet seen in a chunk, FIFO
-        self._segments: dict[str, _Segment] = {}  # unfinished segments, in order
+        self._speech = SpeechLedger(c.sample_rate, c.stale_speech_s, clock)  # what was sent, and whose it is
         self._t0: float | None = None
         self._slots: deque[_Slot] = deque()  # committed, not yet shown
         self._audio: deque[np.ndarray] = deque()  # committed samples [a, w), not yet handed out
@@ -173,7 +148,7 @@ class Playout:
         self._shown: deque[tuple[float, bool]] = deque()  # (time, fresh) of shown frames in the window
         self._offsets: deque[tuple[float, float]] = deque()
         self._n = {"late": 0, "underruns": 0, "idle": 0, "cleared": 0, "slips": 0, "frames": 0, "fresh": 0,
-                   "audio": 0, "lost": 0, "trimmed": 0, "onsets": 0, "dry": 0}
+                   "audio": 0, "trimmed": 0, "onsets": 0, "dry": 0}
         self._flushed = False  # the sink's audio queue was flushed (an interruption): empty by design once
         self._stall_total = 0.0
         self._cut_total = 0.0
@@ -190,26 +165,15 @@ class Playout:
     # ----------------------------------------------------------------------------- speech ledger
     def speech_open(self, segment: str) -> None:
         """A new speech segment begins (segments finish in the order they were opened)."""
-        if segment in self._segments:
-            raise ValueError(f"speech segment {segment!r} is already open; give each segment a new id")
-        self._segments[segment] = _Segment(segment)
+        self._speech.open(segment)
 
     def speech_sent(self, segment: str, samples: int) -> None:
         """`samples` samples of `segment` were queued for generation, after everything sent before."""
-        seg = self._segment(segment)
-        if seg.ended:
-            raise ValueError(f"speech segment {segment!r} already ended; open a new segment")
-        if samples > 0:
-            if seg.first_sent is None:
-                seg.first_sent = self.clock()
-            seg.sent += samples
-            self._ledger.append(_Sent(segment, samples, self.clock()))
+        self._speech.sent(segment, samples)
 
     def speech_ended(self, segment: str) -> list[SegmentEvent]:
         """No more samples for `segment`; returns the segments that finish now (e.g. an empty one)."""
-        if segment in self._segments:
-            self._segments[segment].ended = True
-        return self._finish_ready()
+        return self._speech.ended(segment)
 
     # ----------------------------------------------------------------------------- chunks
     def push(self, frames: np.ndarray, pcm: np.ndarray, speech_samples: int | None = None,
@@ -237,12 +201,12 @@ class Playout:
         now = self.clock()
         self._trims.arrived(now, submitted_at)
         speech = speech_prefix(pcm) if speech_samples is None else min(max(0, speech_samples), pcm.size)
-        spans = self._take_speech(speech, now)
+        spans = self._speech.take(speech, now)
         index = self._pushed - 1 if continues and self._pushed else self._pushed
         chunk = _Chunk(frames, len(frames), pcm, spans, now, index, submitted_at, early_s=max(0.0, early_s))
         self._pushed = index + 1
         if any(owner == CLEARED for owner, _, _ in spans):
-            self._skip(chunk)
+            self._speech.skip(chunk.spans)
             chunk.blank()
             self._n["cleared"] += 1
         cut = 0.0
@@ -258,11 +222,7 @@ class Playout:
     def clear(self, dropped_samples: int) -> ClearResult:
         """Interrupt: the generator dropped `dropped_samples` queued samples (the rest of what was sent
         and not yet seen in a chunk is in flight). See the module docstring."""
-        pending = sum(e.left for e in self._ledger)
-        inflight = max(0, pending - max(0, dropped_samples))
-        self._ledger.clear()
-        if inflight:
-            self._ledger.append(_Sent(CLEARED, inflight, self.clock()))
+        events = self._speech.interrupt(dropped_samples)
         dropped = 0
         for q in self._queue:
             if q.speech:
@@ -273,9 +233,6 @@ class Playout:
         if flush and self._t0 is not None:
             self._mute(self.clock())
             self._flushed = True
-        events = [SegmentEvent("finished", s.id, s.played / self.cfg.sample_rate, interrupted=True)
-                  for s in self._segments.values()]
-        self._segments.clear()
         self._clear_at, self._idle_after = self.clock(), None
         self._still_at, self._still_after = self._clear_at, None
         if self.cfg.hold_on_clear == "rest" and self._rest is not None:
@@ -347,7 +304,7 @@ class Playout:
             dropped_cleared_chunks=n["cleared"], slips=n["slips"], frames_sent=n["frames"], fresh_frames=n["fresh"],
             audio_frames_sent=n["audio"], fps=fps, fresh_fps=fresh_fps, av_offset_ms=self._offset_last * 1e3,
             av_offset_max_ms=max((abs(o) for _, o in self._offsets), default=0.0) * 1e3,
-            lost_speech_samples=n["lost"], audio_dry=n["dry"], idle_after_clear_s=self._idle_after,
+            lost_speech_samples=self._speech.lost, audio_dry=n["dry"], idle_after_clear_s=self._idle_after,
             still_after_clear_s=self._still_after)
 
     # ----------------------------------------------------------------------------- internals
@@ -364,40 +321,6 @@ class Playout:
         assert self._t0 is not None
         first = self._slots[0].first_sample if self._slots and self._slots[0].index == v else self._fs(v)
         return self._t0 + first / self.cfg.sample_rate
-
-    def _segment(self, segment: str) -> _Segment:
-        seg = self._segments.get(segment)
-        if seg is None:
-            raise ValueError(f"speech segment {segment!r} is not open (or already finished); call speech_open first")
-        return seg
-
-    def _take_speech(self, speech: int, now: float) -> list[tuple[str | None, int, int]]:
-        """Attribute the chunk's first `speech` samples to the ledger, FIFO; drop stale speech."""
-        if speech == 0:
-            while self._ledger and now - self._ledger[0].at > self.cfg.stale_speech_s:
-                lost = self._ledger.popleft()
-                self._n["lost"] += lost.left
-                if lost.owner in self._segments:
-                    self._segments[lost.owner].skipped += lost.left
-        spans: list[tuple[str | None, int, int]] = []
-        pos = 0
-        while pos < speech and self._ledger:
-            entry = self._ledger[0]
-            n = min(entry.left, speech - pos)
-            spans.append((entry.owner, pos, pos + n))
-            entry.left -= n
-            if entry.left == 0:
-                self._ledger.popleft()
-            pos += n
-        if pos < speech:
-            spans.append((None, pos, speech))  # speech the room did not send (another audio path)
-        return spans
-
-    def _skip(self, chunk: _Chunk) -> None:
-        """A dropped chunk's live speech counts as done for its segments (so they still finish)."""
-        for owner, s0, s1 in chunk.spans:
-            if owner is not None and owner in self._segments:
-                self._segments[owner].skipped += s1 - s0
 
     def _commit(self, now: float) -> None:
         """Append the next chunk (or one held frame of silence) to the timeline."""
@@ -595,7 +518,7 @@ class Playout:
             self._offset_last = now - plays_at
             self._offsets.append((now, self._offset_last))
         for seg_id, n in slot.plays:
-            seg = self._segments.get(seg_id) if seg_id is not None else None
+            seg = self._speech.segments.get(seg_id) if seg_id is not None else None
             if seg is None:
                 continue
             if not seg.started:
@@ -603,25 +526,15 @@ class Playout:
                 waited = None if seg.first_sent is None else now - seg.first_sent
                 out.append(SegmentEvent("started", seg.id, latency_s=waited, split=self._split(seg, slot, now)))
             seg.played += n
-        out.extend(self._finish_ready())
+        out.extend(self._speech.finish_ready())
         return out
 
     @staticmethod
-    def _split(seg: _Segment, slot: _Slot, now: float) -> SpeechSplit | None:
+    def _split(seg: Segment, slot: _Slot, now: float) -> SpeechSplit | None:
         chunk = slot.chunk
         if seg.first_sent is None or chunk is None or chunk.submitted is None:
             return None
         return SpeechSplit(chunk.index, seg.first_sent, chunk.submitted, chunk.arrived, now)
-
-    def _finish_ready(self) -> list[SegmentEvent]:
-        out = []
-        while self._segments:
-            seg = next(iter(self._segments.values()))
-            if not seg.ended or seg.played + seg.skipped < seg.sent:
-                break
-            del self._segments[seg.id]
-            out.append(SegmentEvent("finished", seg.id, seg.played / self.cfg.sample_rate))
-        return out
 
     def _mute(self, now: float) -> None:
         """Interrupted speech is committed: from the current play position on, committed audio becomes
