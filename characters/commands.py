@@ -56,7 +56,26 @@ def _presets(_: argparse.Namespace) -> int:
               + " -> ".join(f"{r[3]}" for r in rows) + " GB held, "
               + " -> ".join(str(r[1]) for r in rows) + " calls, "
               + " -> ".join(f"{r[2]:.1f}" for r in rows) + " GB of tensors (whole)")
+    _liveavatar_presets(H200_BF16_RATE, H200_FP8_RATE)
     return 0
+
+
+def _liveavatar_presets(bf16_rate: float, fp8_rate: float) -> None:
+    from characters.families.liveavatar import LiveAvatarDiTConfig, LiveAvatarLoopConfig
+    from characters.families.liveavatar.flops import block_cost
+
+    cfg, loop = LiveAvatarDiTConfig(), LiveAvatarLoopConfig()
+    play = loop.block_seconds * 1000
+    print(f"liveavatar-14b (family liveavatar): {loop.width}x{loop.height} at {loop.fps} fps, "
+          f"{loop.block_tokens} tokens a block of {loop.video_frames_per_block} frames ({play:.0f} ms), "
+          f"{loop.steps} steps, {loop.cache_slots} cached tokens a step; per DiT rank: TFLOP a block, "
+          "bf16 / FP8-linear floors, weights + caches (bf16)")
+    for ranks in (1, 2, 4):
+        c = block_cost(cfg, loop, ranks)
+        bf16 = c.flops_per_rank / bf16_rate * 1e3
+        fp8 = (c.linear_flops_per_rank / fp8_rate + (c.flops_per_rank - c.linear_flops_per_rank) / bf16_rate) * 1e3
+        print(f"  {ranks} + 1: {c.params / 1e9:.2f}B params, {c.flops_per_rank / 1e12:.1f} TFLOP, {bf16:.0f} / "
+              f"{fp8:.0f} ms, {c.weights_gb_per_rank:.1f} + {c.cache_gb_per_rank:.1f} GB")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -76,6 +95,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"characters demo: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report.as_dict(), indent=1))
+    if not report.face_found:
+        print(f"characters demo: {report.framing}", file=sys.stderr)
     if args.realtime:
         print(f"generated {report.delivered_fps:.2f} fps over the playout (every frame generated; a late chunk is a "
               f"freeze), {report.late_chunks} late chunks of {report.chunks}, step p50 {report.step_ms_p50:.1f} ms "

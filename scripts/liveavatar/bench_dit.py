@@ -18,19 +18,10 @@ import time
 import torch
 
 from characters.families.liveavatar import LiveAvatarDiT, LiveAvatarDiTConfig, LiveAvatarLoopConfig, LiveAvatarStream
+from characters.families.liveavatar.flops import block_cost
 from characters.families.liveavatar.layers import to_fp8_
 
 FP8_SKIP = ("text_embedding", "time_embedding", "time_projection", "head", "casual_audio_encoder")  # theirs
-
-
-def block_flops(cfg: LiveAvatarDiTConfig, loop: LiveAvatarLoopConfig, shard: int) -> float:
-    """Matmul FLOPs of one block (all steps) on one rank in the steady state."""
-    t, d, f = loop.block_tokens, cfg.dim, cfg.ffn_dim
-    keys = loop.cache_slots + int(2.5 * loop.tokens_per_frame)
-    per_layer = 2 * t * (4 * d * d + 2 * d * d + 2 * d * f) / shard  # self q,k,v,o + cross q,o + mlp
-    per_layer += 4 * t * keys * d / shard + 4 * t * cfg.text_len * d / shard  # self + text attention
-    inject = len(cfg.audio_inject_layers) * (2 * t * 2 * d * d / shard + 2 * t * d * 2 * d)
-    return loop.steps * (cfg.num_layers * per_layer + inject)
 
 
 def build(cfg: LiveAvatarDiTConfig, shard: int, precision: str) -> LiveAvatarDiT:
@@ -77,7 +68,7 @@ def run(shard: int, precision: str, blocks: int) -> dict:
         if b >= loop.blocks_per_clip:  # steady state: the rolling cache is full
             times.append(s.elapsed_time(e))
     assert torch.isfinite(out).all(), "non-finite latents"
-    flops = block_flops(cfg, loop, shard)
+    flops = block_cost(cfg, loop, shard).flops_per_rank
     peak = 989e12 if precision == "bf16" else 1979e12  # H100 SXM dense datasheet; H200 the same
     ms = statistics.median(times)
     return {"shard": shard, "precision": precision, "block_ms_p50": round(ms, 2), "block_ms_min": round(min(times), 2),

@@ -76,6 +76,9 @@ def test_presets_command_prints_every_preset(capsys) -> None:
         assert name in out
     assert "57.5" in out and "1088x704" in out and "2992" in out
     assert "20.6 + 5.3 -> 46.1 + 5.3 -> 59.3 + 16.0 GB held" in out  # 57b on h100x4: weights + FP8 cache a rank
+    # LiveAvatar: 16.3 B parameters, 3168 tokens a block; its floors at the H200 rates, a rank's bf16 weights + caches
+    assert "liveavatar-14b" in out and "3168 tokens a block of 12 frames (480 ms)" in out
+    assert "2 + 1: 16.30B params, 241.6 TFLOP, 320 / 224 ms, 16.3 + 21.8 GB" in out
 
 
 def test_cpu_threads_and_decoder_output_fields() -> None:
