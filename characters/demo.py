@@ -25,7 +25,7 @@ from characters.audio import SAMPLE_AUDIO, load_audio
 from characters.config import SessionConfig
 from characters.engine import CharacterEngine
 from characters.host import freeze_heap
-from characters.media import SAMPLE_IMAGE, Mp4Writer, load_image
+from characters.media import SAMPLE_IMAGE, Mp4Writer, frame_reference
 from characters.stages import Calibration, StagePipeline, calibrate
 
 
@@ -48,6 +48,8 @@ class DemoReport:
     dit_ms_p50: float = 0.0  # wall time of each stage
     decode_ms_p50: float = 0.0
     calibration: dict[str, object] | None = None
+    face_found: bool = True  # a face was found in the image: framed with the head whole, frames anchored on it
+    framing: str = ""  # how the image was framed, in words (`characters.media.Framing.describe`)
     step_ms: list[float] = field(repr=False, default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
@@ -67,7 +69,7 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
     (`characters.host.freeze_heap`)."""
     m = cfg.model
     g = m.generation
-    picture = load_image(image or SAMPLE_IMAGE, g.height, g.width)
+    picture, framing = frame_reference(image or SAMPLE_IMAGE, g.height, g.width)
     speech = load_audio(audio or SAMPLE_AUDIO)
     engine = CharacterEngine(cfg, device=device)
     n_chunks = max(1, math.ceil(seconds * g.fps / g.frames_per_chunk))
@@ -129,4 +131,5 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
                       overlap=pipe.overlap, cpu_ms_p50=float(np.percentile(cpu, 50)),
                       cpu_ms_p95=float(np.percentile(cpu, 95)), dit_ms_p50=float(np.percentile(dit, 50)),
                       decode_ms_p50=float(np.percentile(dec, 50)),
-                      calibration=asdict(cal) | {"too_slow": cal.too_slow} if cal is not None else None, step_ms=steps)
+                      calibration=asdict(cal) | {"too_slow": cal.too_slow} if cal is not None else None,
+                      face_found=framing.face_found, framing=framing.describe(), step_ms=steps)
