@@ -97,8 +97,6 @@ def _demo(args: argparse.Namespace) -> int:
     print(json.dumps(report.as_dict(), indent=1))
     if not report.face_found:
         print(f"characters demo: {report.framing}", file=sys.stderr)
-    if not report.face_found:
-        print(f"characters demo: {report.framing}", file=sys.stderr)
     if args.realtime:
         print(f"generated {report.delivered_fps:.2f} fps over the playout (every frame generated; a late chunk is a "
               f"freeze), {report.late_chunks} late chunks of {report.chunks}, step p50 {report.step_ms_p50:.1f} ms "
