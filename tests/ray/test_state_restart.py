@@ -168,7 +168,8 @@ def test_sigkill_and_restart_loses_nothing(tmp_path: Path, backend: str) -> None
             assert svc.call("GET", f"/v1/sessions/{s1['id']}", key="other")[0] == 404
             code, s2_after = svc.call("GET", f"/v1/sessions/{s2['id']}", key="other")
             assert code == 200 and s2_after["status"] == "FAILED" and s2_after["reason"] == "service_restarted"
-            assert s2_after["startedAt"] + 1.0 <= s2_after["endedAt"] <= t_kill + 0.1, s2_after
+            # ended at its last heartbeat (each second; later on a loaded machine), before the kill
+            assert max(s2_after["startedAt"], t_kill - 5.0) <= s2_after["endedAt"] <= t_kill + 0.1, (s2_after, t_kill)
             listed = {s["id"]: s for s in svc.call("GET", "/v1/sessions", key="ops")[1]["sessions"]}
             assert listed[s1["id"]] == ended and listed[s2["id"]]["status"] == "FAILED"
             assert [s["id"] for s in svc.call("GET", "/v1/sessions")[1]["sessions"]] == [s1["id"]]
@@ -179,7 +180,7 @@ def test_sigkill_and_restart_loses_nothing(tmp_path: Path, backend: str) -> None
             assert after["app"] == by["app"]  # ended before the kill: exactly the same
             assert after["app"]["secondsStreamed"] == round(s1_after["endedAt"] - s1_after["startedAt"])
             assert after["other"]["sessions"] == by["other"]["sessions"] == 1
-            late = t_kill - t_usage + 1.0  # the live session's heartbeats between the query and the kill
+            late = t_kill - t_usage + 5.0  # its heartbeats between the query and the kill (+ one late beat, rounding)
             assert by["other"]["secondsStreamed"] <= after["other"]["secondsStreamed"] <= \
                 by["other"]["secondsStreamed"] + late
             assert svc.call("GET", f"/v1/usage?{_day_range()}", key="other")[1]["data"] == [after["other"]]
