@@ -19,14 +19,12 @@ import torch
 
 from characters.families.liveavatar import LiveAvatarDiT, LiveAvatarDiTConfig, LiveAvatarLoopConfig, LiveAvatarStream
 from characters.families.liveavatar.flops import block_cost
-from characters.families.liveavatar.layers import to_fp8_
-
-FP8_SKIP = ("text_embedding", "time_embedding", "time_projection", "head", "casual_audio_encoder")  # theirs
+from characters.families.liveavatar.layers import shard_liveavatar, to_fp8_
 
 
 def build(cfg: LiveAvatarDiTConfig, shard: int, precision: str) -> LiveAvatarDiT:
     with torch.device("meta"):
-        model = LiveAvatarDiT(cfg, shard)
+        model = shard_liveavatar(LiveAvatarDiT(cfg), rank=0, size=shard, communicate=False)
     model = model.to_empty(device="cuda").to(torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
@@ -37,7 +35,7 @@ def build(cfg: LiveAvatarDiTConfig, shard: int, precision: str) -> LiveAvatarDiT
                 p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.02)
     model.casual_audio_encoder.float()  # theirs runs under float32 autocast
     if precision == "fp8":
-        to_fp8_(model, FP8_SKIP)
+        to_fp8_(model)
     return model.eval()
 
 

@@ -96,11 +96,11 @@ class AdaLayerNorm(nn.Module):
 class AudioInjector(nn.Module):
     """One audio cross-attention (+ its AdaLN) per injected block, in block order."""
 
-    def __init__(self, cfg: LiveAvatarDiTConfig, shard: int = 1) -> None:
+    def __init__(self, cfg: LiveAvatarDiTConfig) -> None:
         super().__init__()
         layers = sorted(set(cfg.audio_inject_layers))
         self.slot = {layer: i for i, layer in enumerate(layers)}
-        self.injector = nn.ModuleList(CrossAttention(cfg.dim, cfg.num_heads, cfg.eps, shard) for _ in layers)
+        self.injector = nn.ModuleList(CrossAttention(cfg.dim, cfg.num_heads, cfg.eps) for _ in layers)
         self.injector_adain_layers = nn.ModuleList(AdaLayerNorm(cfg.dim) for _ in layers)
 
 

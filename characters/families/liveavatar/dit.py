@@ -24,6 +24,7 @@ from characters.families.liveavatar.layers import (
     SelfAttention,
     f32_linear,
     layer_norm,
+    mlp,
     sinusoidal,
 )
 from characters.families.liveavatar.rope import apply_rope
@@ -34,14 +35,14 @@ SelfAttnFn = Callable[["SelfAttention", torch.Tensor], torch.Tensor]
 class Block(nn.Module):
     """One Wan2.2-S2V block: modulated self-attention, text cross-attention, modulated MLP."""
 
-    def __init__(self, cfg: LiveAvatarDiTConfig, shard: int = 1) -> None:
+    def __init__(self, cfg: LiveAvatarDiTConfig) -> None:
         super().__init__()
-        d, hidden = cfg.dim, cfg.ffn_dim // shard
+        d = cfg.dim
         self.eps = cfg.eps
-        self.self_attn = SelfAttention(d, cfg.num_heads, cfg.eps, shard)
+        self.self_attn = SelfAttention(d, cfg.num_heads, cfg.eps)
         self.norm3 = nn.LayerNorm(d, eps=cfg.eps, elementwise_affine=True)
-        self.cross_attn = CrossAttention(d, cfg.num_heads, cfg.eps, shard)
-        self.ffn = nn.Sequential(nn.Linear(d, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, d))
+        self.cross_attn = CrossAttention(d, cfg.num_heads, cfg.eps)
+        self.ffn = mlp(d, cfg.ffn_dim)
         self.modulation = nn.Parameter(torch.randn(1, 6, d) / d**0.5)
 
     def mods(self, e: torch.Tensor) -> list[torch.Tensor]:
@@ -108,30 +109,30 @@ class FramePacker(nn.Module):
 
 
 class LiveAvatarDiT(nn.Module):
-    """The whole transformer; the streaming loop (`loop.py`) owns caches and the order of calls.
+    """The whole transformer; the streaming loop (`loop.py`) owns caches and the order of calls. Tensor
+    parallelism is applied afterwards (`layers.shard_liveavatar`)."""
 
-    `shard` > 1 builds one tensor-parallel rank's share of every block (heads and MLP split `shard` ways), to
-    measure a rank's compute; the collectives that make the shares one model are not applied here."""
-
-    def __init__(self, cfg: LiveAvatarDiTConfig, shard: int = 1) -> None:
+    def __init__(self, cfg: LiveAvatarDiTConfig) -> None:
         super().__init__()
-        if cfg.num_heads % shard or cfg.ffn_dim % shard:
-            raise ValueError(f"liveavatar: shard={shard} must divide num_heads={cfg.num_heads} and ffn_dim")
         self.cfg = cfg
-        self.shard = shard
         d, c = cfg.dim, cfg.latent_channels
         self.patch_embedding = nn.Conv3d(c, d, kernel_size=(1, 2, 2), stride=(1, 2, 2))
         self.text_embedding = nn.Sequential(nn.Linear(cfg.text_dim, d), nn.GELU(approximate="tanh"), nn.Linear(d, d))
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, d * 6))
-        self.blocks = nn.ModuleList(Block(cfg, shard) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.head = Head(cfg)
         if cfg.cond_dim:
             self.cond_encoder = nn.Conv3d(cfg.cond_dim, d, kernel_size=(1, 2, 2), stride=(1, 2, 2))
         self.casual_audio_encoder = CausalAudioEncoder(cfg)  # (sic): the authors' attribute name
-        self.audio_injector = AudioInjector(cfg, shard)
+        self.audio_injector = AudioInjector(cfg)
         self.trainable_cond_mask = nn.Embedding(3, d)
         self.frame_packer = FramePacker(cfg)
+
+    @property
+    def local_heads(self) -> int:
+        """Attention heads on this rank (all of them until `shard_liveavatar` splits them)."""
+        return cast(Block, self.blocks[0]).self_attn.num_heads
 
     # ------------------------------------------------------------------ conditioning, once per avatar/session
 

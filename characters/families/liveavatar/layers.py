@@ -1,11 +1,20 @@
 """LiveAvatar's layers shared by its transformer and its audio injector: Wan's norms, attention projections
-and the float32 linear of its autocast regions."""
+and the float32 linear of its autocast regions.
+
+Projections are the engine's `characters.tp.ParallelLinear` (column for q/k/v and the MLP's first layer, row for
+o and its second), so `shard_liveavatar` splits heads and MLP columns with the shared transform and FP8 is the
+shared `to_fp8_`. Wan normalises q and k over all heads at once (not per head): under tensor parallelism the
+RMS statistic is summed over the ranks (one small all-reduce per norm).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from characters.tp import ParallelLinear, apply_tensor_parallel
 
 
 def sinusoidal(dim: int, t: torch.Tensor) -> torch.Tensor:
@@ -18,16 +27,29 @@ def sinusoidal(dim: int, t: torch.Tensor) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Wan's RMSNorm: float32 statistics, cast back, then the weight."""
+    """Wan's RMSNorm: float32 statistics, cast back, then the weight. Sharded (`shard_`), each rank holds its
+    channels and the mean square is summed over the ranks."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.full_dim = dim
+        self.group: dist.ProcessGroup | None = None
+        self.communicate = False
+
+    @torch.no_grad()
+    def shard_(self, rank: int, size: int, group: dist.ProcessGroup | None, communicate: bool) -> None:
+        cols = self.full_dim // size
+        self.weight = nn.Parameter(self.weight[rank * cols:(rank + 1) * cols].clone())
+        self.group, self.communicate = group, communicate and size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        ss = xf.pow(2).sum(dim=-1, keepdim=True)  # (..., 1)
+        if self.communicate:
+            dist.all_reduce(ss, group=self.group)
+        return (xf * torch.rsqrt(ss / self.full_dim + self.eps)).type_as(x) * self.weight
 
 
 def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,16 +69,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 class _Attention(nn.Module):
-    """q/k/v/o projections with RMS-normed q and k; `shard` > 1 keeps 1/shard of the heads (a rank's share)."""
+    """q/k/v/o projections with RMS-normed q and k (Wan's: over all heads)."""
 
-    def __init__(self, dim: int, num_heads: int, eps: float, shard: int = 1) -> None:
+    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
         super().__init__()
-        inner = dim // shard
-        self.num_heads = num_heads // shard
-        self.q, self.k, self.v = (nn.Linear(dim, inner) for _ in range(3))
-        self.o = nn.Linear(inner, dim)
-        self.norm_q = RMSNorm(inner, eps)
-        self.norm_k = RMSNorm(inner, eps)
+        self.num_heads = num_heads
+        self.q, self.k, self.v = (ParallelLinear(dim, dim, "column") for _ in range(3))
+        self.o = ParallelLinear(dim, dim, "row")
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, Hh*Dh) -> (B, L, Hh, Dh)."""
@@ -81,35 +102,32 @@ class SelfAttention(_Attention):
         return self.heads(self.norm_q(self.q(x))), self.heads(self.norm_k(self.k(x))), self.heads(self.v(x))
 
 
-class Fp8Linear(nn.Module):
-    """A linear layer in e4m3: weights quantised once per output channel, activations per token on the fly,
-    the GEMM through `kernels.fp8.fp8_linear` (cuBLASLt scaled GEMM on CUDA, its reference elsewhere)."""
-
-    def __init__(self, layer: nn.Linear) -> None:
-        from kernels.fp8 import quantize_weight
-
-        super().__init__()
-        w8, sw = quantize_weight(layer.weight.detach())
-        self.w8: torch.Tensor
-        self.sw: torch.Tensor
-        self.register_buffer("w8", w8)
-        self.register_buffer("sw", sw)
-        self.bias = layer.bias
-        self.out_features = layer.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels.fp8 import fp8_linear, quantize_rows
-
-        act = quantize_rows(x.reshape(-1, x.shape[-1]))
-        out = fp8_linear(act.data, act.scale, self.w8, self.sw, self.bias, out_dtype=x.dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
+def mlp(dim: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(ParallelLinear(dim, hidden, "column"), nn.GELU(approximate="tanh"),
+                         ParallelLinear(hidden, dim, "row"))
 
 
-def to_fp8_(model: nn.Module, skip: tuple[str, ...]) -> int:
-    """Replace every nn.Linear whose name does not start with one of `skip` by an Fp8Linear; returns how many."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not n.startswith(skip)]
-    for name in names:
-        parent, _, leaf = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        setattr(owner, leaf, Fp8Linear(getattr(owner, leaf)))
-    return len(names)
+def shard_liveavatar(model: nn.Module, group: dist.ProcessGroup | None = None, *, rank: int | None = None,
+                     size: int | None = None, communicate: bool = True) -> nn.Module:
+    """Tensor parallelism for rank `rank` of `size`: the shared transform splits every ParallelLinear and the
+    heads; the q/k norms keep the rank's channels and sum their statistic over the group. `communicate=False`
+    builds one rank's share with no collectives (a rank's compute alone, for benchmarks)."""
+    size = size if size is not None else (dist.get_world_size(group) if dist.is_initialized() else 1)
+    rank = rank if rank is not None else (dist.get_rank(group) if dist.is_initialized() else 0)
+    if size == 1:
+        return model
+    apply_tensor_parallel(model, group, rank=rank, size=size, communicate=communicate)
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.shard_(rank, size, group, communicate)
+    return model
+
+
+def to_fp8_(model: nn.Module) -> int:
+    """Every projection and MLP layer of the blocks and audio injectors in e4m3 through the shared
+    `ParallelLinear.to_fp8_` (the embeddings, the time MLP, the head and the audio encoder stay, as the authors'
+    FP8 leaves them); returns how many layers."""
+    layers = [m for m in model.modules() if isinstance(m, ParallelLinear)]
+    for layer in layers:
+        layer.to_fp8_()
+    return len(layers)

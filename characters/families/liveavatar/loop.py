@@ -124,7 +124,8 @@ class LiveAvatarStream:
         cs = self.table.groups(self._cond_groups(0)).to(dev)
         e0, _ = m.time_mods(torch.zeros(1, device=dev))
         e = e0.expand(x.shape[1], -1, -1)  # every condition token at t = 0
-        slots, hh, dh = self.loop.cache_slots, m.cfg.num_heads // m.shard, m.cfg.head_dim
+        slots, dh = self.loop.cache_slots, m.cfg.head_dim
+        hh = m.local_heads
         self.layers = []
         for i, blk in enumerate(m.blocks):
             caches = LayerCaches(cond_k=x.new_zeros(0), cond_v=x.new_zeros(0), cond_kr=x.new_zeros(0))
