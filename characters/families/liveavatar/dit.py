@@ -138,6 +138,9 @@ class LiveAvatarDiT(nn.Module):
 
     def text_context(self, text: torch.Tensor) -> torch.Tensor:
         """(Lt, text_dim) umT5 states -> (1, text_len, D): zero-padded to text_len, all positions attended."""
+        if text.shape[0] > self.cfg.text_len:
+            raise ValueError(f"liveavatar: the prompt has {text.shape[0]} tokens, more than text_len="
+                             f"{self.cfg.text_len} (the umT5 encoder truncates to it)")
         pad = text.new_zeros(self.cfg.text_len - text.shape[0], text.shape[1])
         return self.text_embedding(torch.cat([text, pad])[None])
 
