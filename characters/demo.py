@@ -62,8 +62,10 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
              seconds: float = 10.0, realtime: bool = False, device: str = "cpu",
              clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
              on_chunk: Callable[[int, float], None] | None = None, overlap: bool | None = None,
-             on_calibration: Callable[[Calibration], None] | None = None, settle: bool = False) -> DemoReport:
+             on_calibration: Callable[[Calibration], None] | None = None, settle: bool = False,
+             anchor: bool = True) -> DemoReport:
     """`overlap`: run the DiT of chunk k+1 beside the decode of chunk k (default: when 2+ cores are ours).
+    `anchor`: frames anchored on the reference (`characters.identity`; False: as the decoder makes them).
     `on_calibration` hears the calibration (realtime runs only) before the session starts. `settle`: this
     process is the demo's own; once warm, take what it built out of the garbage collector's reach
     (`characters.host.freeze_heap`)."""
@@ -92,7 +94,7 @@ def run_demo(cfg: SessionConfig, *, out: str | Path, image: str | Path | None = 
     dit: list[float] = []
     dec: list[float] = []
     late = 0
-    engine.start(picture)
+    engine.start(picture, anchor=anchor)
     pcms = [chunk_pcm(k) for k in range(n_chunks)]
     with Mp4Writer(out, g.width, g.height, fps=g.fps, sample_rate=m.audio.sample_rate) as writer, \
             StagePipeline(engine, overlap=overlap) as pipe:

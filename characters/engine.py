@@ -267,9 +267,10 @@ class CharacterEngine:
         g = self.cfg.model.generation
         return chunk_sample_range(k, g.frames_per_chunk, self.cfg.model.audio.sample_rate, g.fps)
 
-    def start(self, image: np.ndarray) -> None:
+    def start(self, image: np.ndarray, anchor: bool = True) -> None:
+        """A session on the framed reference `image`; `anchor`: frames anchored on it (`characters.identity`)."""
         self.dit.start(self.encoder.encode(image))
-        self.decoder.start(reference=image)
+        self.decoder.start(reference=image if anchor else None)
 
     def step(self, pcm: np.ndarray) -> np.ndarray:
         """Chunk k's audio samples -> its F frames (F, H, W, 3) uint8."""

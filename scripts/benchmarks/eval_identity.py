@@ -2,6 +2,7 @@
 
     nice -n 10 python scripts/benchmarks/eval_identity.py            # sample face + grace_hopper.jpg, 10 s each
     python scripts/benchmarks/eval_identity.py --seconds 4 --out /tmp/identity.json
+    python scripts/benchmarks/eval_identity.py --demo 2     # CPU per chunk of `characters demo --realtime`, A/B
 
 Each picture is framed as a session frames it (`characters.media.frame_reference`), then the shipped `tiny`
 engine speaks the sample speech over it (`--seconds`, silence past its end), once with the identity anchor
@@ -9,6 +10,10 @@ engine speaks the sample speech over it (`--seconds`, silence past its end), onc
 (`characters.identity.identity_scores`): PSNR outside the mouth box over all frames, mean signed error per
 channel (R, G, B), flicker (mean absolute frame-to-frame difference). Photos come from PyPI packages the project
 installs (matplotlib's sample data), never from its training set. Writes benchmarks/cpu/identity_tiny.json.
+
+`--demo N`: instead, what the anchor costs the real-time demo: `characters demo --realtime` (10 s, the sample
+face) N times without and N times with the anchor, alternated, in this process; CPU per chunk (p50, p95), late
+chunks and the 1-minute load before each run (quiet machines only: a load over 1.5 is refused).
 """
 
 from __future__ import annotations
@@ -56,13 +61,43 @@ def score_picture(engine: CharacterEngine, path: Path, pcm: np.ndarray, frames: 
             "generate_s": time.perf_counter() - t0}, video, ref
 
 
+def demo_ab(repeats: int, seconds: float) -> dict[str, object]:
+    """`characters demo --realtime` without and with the anchor, alternated `repeats` times."""
+    import os
+    import tempfile
+
+    from characters.demo import run_demo
+
+    cfg = session_config("tiny", "cpu", seed=0, dtype="float32")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            for anchor in (False, True):
+                load = os.getloadavg()[0]
+                if load > 1.5:
+                    raise SystemExit(f"load {load:.2f} > 1.5: other jobs share the cores; retry when quiet")
+                r = run_demo(cfg, out=Path(tmp) / "demo.mp4", seconds=seconds, realtime=True, anchor=anchor)
+                rows.append({"anchor": anchor, "repeat": i, "cpu_ms_p50": r.cpu_ms_p50, "cpu_ms_p95": r.cpu_ms_p95,
+                             "decode_ms_p50": r.decode_ms_p50, "late_chunks": r.late_chunks, "chunks": r.chunks,
+                             "load_before": load})
+                print(f"anchor {'on ' if anchor else 'off'}: CPU per chunk p50 {r.cpu_ms_p50:.1f} ms, p95 "
+                      f"{r.cpu_ms_p95:.1f}, decode p50 {r.decode_ms_p50:.1f}, {r.late_chunks} late of {r.chunks} "
+                      f"(load {load:.2f})", flush=True)
+    return {"seconds": seconds, "runs": rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of video per picture")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--demo", type=int, default=0, help="instead: the real-time demo's CPU, N times off and on")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "cpu" / "identity_tiny.json"))
     args = p.parse_args()
+    if args.demo:
+        results.record(Path(args.out), demo_ab(args.demo, args.seconds), label="demo_cpu")
+        print(f"-> {args.out}")
+        return
     torch.set_num_threads(args.threads)
     cfg = session_config("tiny", TOPOLOGIES["cpu"].model_dump())
     engine = CharacterEngine(cfg)
