@@ -94,3 +94,30 @@ def test_the_sample_face_keeps_its_identity() -> None:
     # the mouth moves: the generated region is not a frozen copy of the reference
     x0, y0, x1, y1 = (int(v) for v in mouth_box(framing.face_box))
     assert np.abs(np.diff(video[:, y0:y1, x0:x1].astype(np.float32), axis=0)).mean() > 1.0
+
+
+def test_the_decoder_worker_anchors_a_session_on_the_reference_it_encoded_for_it() -> None:
+    """Serving: `DecoderWorker.start(session)` anchors frames on the image `encode_reference` got for that session;
+    a session it encoded no image for is not anchored."""
+    from deployments.pipeline.handoff import pack
+    from deployments.pipeline.workers import DecoderWorker
+
+    small = {"dit": {"num_layers": 1}, "vae": {"num_res_blocks": 0}}
+    cfg = session_config("tiny", "cpu", model=small, weights="random")
+    dec = DecoderWorker(cfg)
+    dec.init_device()
+    dec.init_process_group()
+    dec.load_weights()
+    dec.warm_up(steps=1)
+    face, _ = frame_reference(SAMPLE_IMAGE, H, W)
+    dec.encode_reference("s", face)
+    dec.start("s")
+    assert dec.runner is not None and dec.runner.anchor is not None
+    z = torch.zeros(dec.latent_shape)
+    frames = dec.decode(pack("s", 0, z)).frames  # (F, H, W, 3)
+    y0, y1, _, _ = dec.runner.anchor.box  # outside the mask's rows the frames are the reference exactly
+    assert np.array_equal(frames[:, :y0], np.broadcast_to(face[:y0], frames[:, :y0].shape))
+    assert np.array_equal(frames[:, y1:], np.broadcast_to(face[y1:], frames[:, y1:].shape))
+    assert not np.array_equal(frames[:, y0:y1], np.broadcast_to(face[y0:y1], frames[:, y0:y1].shape))
+    dec.start("t")  # no reference encoded for this session
+    assert dec.runner.anchor is None
