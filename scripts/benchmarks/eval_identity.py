@@ -110,7 +110,7 @@ def main() -> None:
                                                                                anchor)[0]
     figures = {"seconds": frames / cfg.model.generation.fps, "threads": args.threads, "seed": args.seed,
                "audio": SAMPLE_AUDIO.name, "pictures": rows}
-    results.record(Path(args.out), figures)
+    results.record(Path(args.out), figures, label="identity")
     print(f"identity over {frames / cfg.model.generation.fps:.0f} s of speech (frames against the framed reference)")
     print(f"{'picture':<28} {'PSNR out dB':>11} {'signed R':>9} {'G':>6} {'B':>6} {'flicker':>8}")
     for name, r in rows.items():

@@ -71,7 +71,14 @@ HEADLINE: tuple[Figure, ...] = (
            "cpu/lipsync_tiny.json",
            lambda rs: f"{rs[-1]['lipsync']['r']:.3f} at +{rs[-1]['lipsync']['offset']} frame "
                       f"({rs[-1]['ground_truth']['r']:.3f})",
-           "scripts/benchmarks/eval_lipsync.py", ("lipsync_tiny_1step",)),
+           "scripts/benchmarks/eval_lipsync.py", ("lipsync_tiny_identity_anchor",)),
+    Figure("Identity over 10 s: PSNR outside the mouth, sample face / a photo (the decoder alone)",
+           "cpu/identity_tiny.json",
+           lambda rs: " / ".join(f"{rs[-1]['pictures'][k]['psnr_outside_mouth_db']:.1f}"
+                                 for k in ("sample_face", "grace_hopper")) + " dB ("
+                      + " / ".join(f"{rs[-1]['pictures'][k + ' (no anchor)']['psnr_outside_mouth_db']:.1f}"
+                                   for k in ("sample_face", "grace_hopper")) + ")",
+           "scripts/benchmarks/eval_identity.py", ("identity",)),
     Figure("An hour of sessions on 3 loopback nodes: done / failed", "cpu/soak_multinode.json",
            lambda rs: f"{rs[-1]['sessions_done']} / {rs[-1]['sessions_failed']}",
            "scripts/tools/soak.py --minutes 60", ("soak_multinode_cpu",)),
