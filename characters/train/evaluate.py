@@ -56,10 +56,12 @@ def generate_latents(dit: DiTRunner, encoder: ReferenceEncoder, image: np.ndarra
     return torch.cat([dit.step(chunk_pcm(pcm, k, fc))[0] for k in range(-(-frames // fc))], dim=1).cpu()
 
 
-def decode_latents(decoder: DecoderRunner, latents: torch.Tensor, frames: int) -> np.ndarray:
+def decode_latents(decoder: DecoderRunner, latents: torch.Tensor, frames: int,
+                   reference: np.ndarray | None = None) -> np.ndarray:
     """The decoder's half of `generate`: latents (C, L, h, w) -> the first `frames` frames (F, H, W, 3) uint8,
-    streamed chunk by chunk from a fresh state as a session decodes them."""
-    decoder.start()
+    streamed chunk by chunk from a fresh state as a session decodes them; `reference`: anchored on it, as
+    `generate`'s frames are (None: as decoded)."""
+    decoder.start(reference=reference)
     cf = decoder.cfg.model.generation.latent_frames_per_chunk
     out = [decoder.decode(latents[None, :, k:k + cf]).cpu().numpy() for k in range(0, latents.shape[1], cf)]
     return np.concatenate(out)[:frames]

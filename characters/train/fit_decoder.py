@@ -105,8 +105,9 @@ def _init_decoder(cfg_json: str) -> None:
 
 def _clip_signal(task: tuple[Clip, torch.Tensor]) -> np.ndarray:
     clip, latents = task
-    frames = decode_latents(_WORKER["decoder"], latents, clip.frames)
-    return mouth_signal(frames, clip.identity, reference_image(clip.identity))
+    ref = reference_image(clip.identity)
+    frames = decode_latents(_WORKER["decoder"], latents, clip.frames, reference=ref)  # anchored, as eval_lipsync's
+    return mouth_signal(frames, clip.identity, ref)
 
 
 def score_decoder(cfg: SessionConfig, clips: Sequence[Clip], latents: Sequence[torch.Tensor], workers: int

@@ -140,7 +140,7 @@ def test_generated_latents_decoded_give_the_generated_frames() -> None:
     want = generate(engine.dit, engine.encoder, engine.decoder, ref, clip.pcm, clip.frames, seed=5)
     latents = generate_latents(engine.dit, engine.encoder, ref, clip.pcm, clip.frames, seed=5)  # (C, L, h, w)
     assert latents.shape == (8, 6, *cfg.model.latent_hw)
-    assert np.array_equal(decode_latents(DecoderRunner(cfg), latents, clip.frames), want)
+    assert np.array_equal(decode_latents(DecoderRunner(cfg), latents, clip.frames, reference=ref), want)
 
 
 def test_fit_decoder_trains_on_whole_frames_of_encoder_and_dit_latents() -> None:
