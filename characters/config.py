@@ -9,6 +9,9 @@ Dimension names used in shape comments across the package (defined once, here):
     N   tokens per latent frame             T   tokens per chunk (Cf * N)
     S   key/value slots in the cache        D   model dim; Dh head dim; Hh heads
     A   audio tokens per latent frame       Fa  audio frames (video frames + context)
+
+One module on purpose: every component's config, their cross-field checks and the presets built from them
+are read together as the single source of truth.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Reads top to bottom on one device; `characters.tp.apply_tensor_parallel` splits 
 A chunk's tokens self-attend to the KV cache ([reference sink | recent frames | this chunk]), then
 cross-attend, frame by frame, to that frame's audio tokens, then pass an MLP. adaLN modulation
 from the flow-matching timestep scales and shifts both residual branches (Wan2.1's block layout).
+
+One module on purpose: the block, its elementwise steps in their bf16 / FP8 / Triton-row forms and the step's
+parts (CUDA graphs, preemption) change together; apart, one piece of math would live in several files.
 """
 
 from __future__ import annotations

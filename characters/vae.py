@@ -3,6 +3,9 @@
 Shapes follow the names in `characters.config` (B batch, C latent channels, F video frames, H/W image
 size, h/w latent size); `T` is a number of frames at whatever level a tensor lives, and `c` a width.
 
+One module on purpose: the decoder's three forms (whole sequence, cached stream, serving windows with the CPU's
+sub-pixel path) and the encoder share every block class, and they must stay in step with each other.
+
 Details: docs/dit.md (`characters.vae`)."""
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ it ends, its slot is reset (every worker wipes its session state, the slot's Ses
 it) and returned to the pool, or removed (actors killed, placement group removed) when it is above
 target or any actor failed. A slot's SessionActor lives as long as the slot and drives its sessions
 one after another over one compiled graph (`deployments.pipeline.graph`).
+One module on purpose: its decisions run under one lock, and every event that feeds them is read here.
 
 Nodes (`deployments.sessions.membership`). The ledger holds live nodes only: the GCS's table (read every
 NODES_REFRESH_S) less draining nodes (no slot is built there, their free slots are retired) and lost ones,
