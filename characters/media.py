@@ -10,8 +10,9 @@ Reference image rules (`load_image`):
   composited over white; grayscale, CMYK and other modes become RGB; 16-bit and float grayscale are
   scaled to 8 bits (16-bit: /257; float: [0, 1] -> [0, 255]).
 - Framing (`frame_reference`): the largest face OpenCV's bundled frontal-face Haar cascade finds decides it.
-  The head (the face box widened for the ears, raised for the hair, lowered for the chin) must be inside the
-  frame: today's centre crop when it already is; else a crop of the same size moved to hold it; else (a
+  The head (the face box widened for the ears, raised for the hair, lowered for the chin; as far as the picture
+  has it) must be inside the frame: today's centre crop when it already is (a picture of the frame's aspect
+  is never reframed); else a crop of the same size moved to hold it; else (a
   portrait in a landscape frame) a box of the target's aspect around the head that reaches past the picture,
   the part outside extended (edge pixels, blurred). Never a crop through the head. No face found: the centre
   crop, and `Framing.face_found` is False (callers say so).
@@ -145,6 +146,7 @@ def _frame_box(src_w: int, src_h: int, width: int, height: int, face: tuple[int,
     if face is None:
         return cover
     hl, ht, hr, hb = _head_box(face)
+    hl, ht, hr, hb = max(hl, 0.0), max(ht, 0.0), min(hr, float(src_w)), min(hb, float(src_h))  # what the picture has
     cl, ct, cr, cb = cover
     if cl <= hl and ct <= ht and hr <= cr and hb <= cb:
         return cover

@@ -183,18 +183,27 @@ def test_mp4_writer_checks_its_inputs(tmp_path: Path) -> None:
 
 def test_a_portrait_is_framed_with_the_whole_head() -> None:
     """The square sample face in a landscape frame: today's centre crop cuts through the hair; the face framing
-    keeps the head (face box widened and raised by the head margins) inside the frame, the sides extended."""
-    from characters.media import HEAD_BOTTOM, HEAD_LEFT, HEAD_RIGHT, HEAD_TOP, frame_reference
+    keeps the head (face box widened and raised by the head margins, as far as the picture has it) inside the
+    frame, the sides extended; framing the framed picture again changes nothing."""
+    from characters.media import HEAD_BOTTOM, HEAD_LEFT, HEAD_RIGHT, HEAD_TOP, detect_face, frame_reference
 
     out, framing = frame_reference(SAMPLE_IMAGE, 176, 272)
     assert out.shape == (176, 272, 3) and framing.face_found and framing.extended
     assert framing.face_box is not None
-    x, y, w, h = framing.face_box
-    assert x - HEAD_LEFT * w >= -1 and y - HEAD_TOP * h >= -1
-    assert x + (1 + HEAD_RIGHT) * w <= 273 and y + (1 + HEAD_BOTTOM) * h <= 177
+    src = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))
+    found = detect_face(src)
+    assert found is not None
+    _, sy, sw, sh = found
+    x, y, w, _ = framing.face_box
+    scale = w / sw  # frame pixels per picture pixel
+    head_top = max(0.0, sy - HEAD_TOP * sh)  # the head's extent in the picture, where the picture has it
+    head_bottom = min(src.shape[0], sy + (1 + HEAD_BOTTOM) * sh)
+    assert y - (sy - head_top) * scale >= -1 and y + (head_bottom - sy) * scale <= 177
+    assert x - HEAD_LEFT * w >= -1 and x + (1 + HEAD_RIGHT) * w <= 273
+    again, second = frame_reference(encode(Image.fromarray(out)), 176, 272)
+    assert second.face_found and not second.extended and np.array_equal(again, out)
     # the extension continues the light-blue background: the frame's left and right columns are the picture's
-    src = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"), dtype=np.float64)
-    edge = np.concatenate([src[:, 0], src[:, -1]]).mean(axis=0)
+    edge = np.concatenate([src[:, 0], src[:, -1]]).astype(np.float64).mean(axis=0)
     sides = np.concatenate([out[:, 0], out[:, -1]]).astype(np.float64).mean(axis=0)
     assert np.abs(sides - edge).max() < 6, (sides, edge)
 
