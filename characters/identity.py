@@ -30,6 +30,7 @@ MOUTH_HALF_W, MOUTH_HALF_H = 0.22, 0.12
 FEATHER = 0.09
 RING = (0.02, 0.6)  # mask values that make the ring where colours are matched
 SMOOTHING = 0.3  # weight of a new chunk's colour statistics against the running ones
+SKIN_TOLERANCE = 40.0  # ring pixels whose reference colour is this close (mean abs, 0-255) to the face's skin
 STD_RATIO = (0.8, 1.25)  # bounds on the per-channel contrast change (wider tints a dark mouth green)
 
 
@@ -61,8 +62,10 @@ class _Stats:
 class IdentityAnchor:
     """Built once per avatar from its framed reference; `apply` to every decoded chunk, `reset` per session."""
 
-    def __init__(self, reference: np.ndarray, mask: np.ndarray, device: torch.device | str = "cpu") -> None:
-        """`reference` (H, W, 3) uint8, `mask` (H, W) float in [0, 1] (1: generated, 0: reference)."""
+    def __init__(self, reference: np.ndarray, mask: np.ndarray, device: torch.device | str = "cpu",
+                 skin: np.ndarray | None = None) -> None:
+        """`reference` (H, W, 3) uint8, `mask` (H, W) float in [0, 1] (1: generated, 0: reference); `skin`: the
+        face's colour (3,): the ring keeps only pixels of about that colour (not background past a narrow jaw)."""
         if reference.ndim != 3 or reference.shape[2] != 3 or reference.dtype != np.uint8:
             raise ValueError(f"reference must be (H, W, 3) uint8, got {reference.shape} {reference.dtype}")
         if mask.shape != reference.shape[:2]:
@@ -78,6 +81,11 @@ class IdentityAnchor:
         self._mask = torch.tensor(mask[y0:y1, x0:x1, None], dtype=torch.float32, device=self.device)  # (h, w, 1)
         m = self._mask[..., 0]
         self._ring = ((m > RING[0]) & (m < RING[1])).reshape(-1)  # (h*w,)
+        if skin is not None:
+            near = (self._ref - torch.tensor(skin, dtype=torch.float32, device=self.device)).abs().mean(-1)  # (h, w)
+            on_skin = self._ring & (near.reshape(-1) < SKIN_TOLERANCE)
+            if int(on_skin.sum()) >= 8:
+                self._ring = on_skin
         if int(self._ring.sum()) < 8:
             raise ValueError(f"the mask's ring (values in {RING}) has {int(self._ring.sum())} pixels; feather it")
         ring_ref = self._ref.reshape(-1, 3)[self._ring]  # (n, C)
@@ -89,7 +97,10 @@ class IdentityAnchor:
                  device: torch.device | str = "cpu") -> IdentityAnchor:
         """The anchor whose mask covers the mouth and jaw of `face` (x, y, w, h) in the reference's pixels."""
         h, w = reference.shape[:2]
-        return cls(reference, soft_mask(h, w, mouth_box(face), FEATHER * face[3]), device)
+        x, y, fw, fh = face  # the skin: the median colour between the eyes and the mouth (cheeks and nose)
+        cheeks = reference[int(y + 0.5 * fh):int(y + 0.62 * fh) + 1, int(x + 0.2 * fw):int(x + 0.8 * fw) + 1]
+        skin = np.median(cheeks.reshape(-1, 3), axis=0) if cheeks.size else None
+        return cls(reference, soft_mask(h, w, mouth_box(face), FEATHER * face[3]), device, skin)
 
     @classmethod
     def build(cls, reference: np.ndarray, device: torch.device | str = "cpu") -> IdentityAnchor | None:
