@@ -62,21 +62,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from authors import load_synthetic, register_packages
 
-def _load_synthetic_module() -> types.ModuleType:
-    """``characters/families/liveavatar/synthetic.py`` by path: plain torch, so the oracle needs none of the
-    project's dependencies (a GPU machine without our venv runs it too)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "characters" / "families" / "liveavatar" / "synthetic.py"
-    spec = importlib.util.spec_from_file_location("liveavatar_synthetic", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-synthetic_state_dict = _load_synthetic_module().synthetic_state_dict
+synthetic_state_dict = load_synthetic().synthetic_state_dict
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
 BYPASSED_PACKAGES = (
     "liveavatar",
@@ -108,14 +97,7 @@ NUM_DIT_CACHES = 4  # causal_s2v_pipeline.py L965: one KV cache per denoising st
 def import_authors(root: Path, device: torch.device, compile_model: bool) -> dict[str, types.ModuleType]:
     """Their DiT modules, imported from ``root`` without running the pipelines' package ``__init__`` files."""
     os.environ["ENABLE_COMPILE"] = "true" if compile_model else "false"
-    sys.path.insert(0, str(root))
-    for name in BYPASSED_PACKAGES:
-        package = types.ModuleType(name)
-        package.__path__ = [str(root / name.replace(".", "/"))]
-        sys.modules[name] = package
-        parent, _, leaf = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], leaf, package)
+    register_packages(root, BYPASSED_PACKAGES)
     names = {
         "causal": "liveavatar.models.wan.causal_model_s2v",
         "attention": "liveavatar.models.wan.wan_2_2.modules.attention",

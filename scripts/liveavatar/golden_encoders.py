@@ -66,6 +66,9 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from authors import register_packages
+
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
 BYPASSED_PACKAGES = (
     "liveavatar",
@@ -130,14 +133,7 @@ def cuda_device_is_cpu() -> Iterator[None]:
 
 def import_authors(root: Path) -> dict[str, types.ModuleType]:
     """Their t5.py and audio_encoder.py, imported from ``root`` without the packages' ``__init__`` files."""
-    sys.path.insert(0, str(root))
-    for name in BYPASSED_PACKAGES:
-        package = types.ModuleType(name)
-        package.__path__ = [str(root / name.replace(".", "/"))]
-        sys.modules[name] = package
-        parent, _, leaf = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], leaf, package)
+    register_packages(root, BYPASSED_PACKAGES)
     import transformers  # noqa: F401 (before the stub: transformers probes librosa's import spec at import)
 
     sys.modules["librosa"] = _Librosa()

@@ -46,6 +46,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from authors import load_synthetic, register_packages
+
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
 BYPASSED_PACKAGES = ("liveavatar", "liveavatar.models", "liveavatar.models.wan", "liveavatar.models.wan.wan_2_2",
                      "liveavatar.models.wan.wan_2_2.modules")
@@ -56,30 +59,13 @@ PRIME_LATENTS = 7  # causal_s2v_pipeline_tpp.py L1119: motion_latents[:, :, :7]
 FRAMES_PER_BLOCK = 3  # num_frames_per_block
 
 
-def _load_synthetic_module() -> types.ModuleType:
-    """``characters/families/liveavatar/synthetic.py`` by path (plain torch; see golden.py)."""
-    path = Path(__file__).resolve().parents[2] / "characters" / "families" / "liveavatar" / "synthetic.py"
-    spec = importlib.util.spec_from_file_location("liveavatar_synthetic", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-synthetic_state_dict = _load_synthetic_module().synthetic_state_dict
+synthetic_state_dict = load_synthetic().synthetic_state_dict
 
 
 def import_authors(root: Path) -> dict[str, types.ModuleType]:
     """Their two VAE modules, without their package ``__init__`` files."""
     os.environ["ENABLE_COMPILE"] = "false"
-    sys.path.insert(0, str(root))
-    for name in BYPASSED_PACKAGES:
-        package = types.ModuleType(name)
-        package.__path__ = [str(root / name.replace(".", "/"))]
-        sys.modules[name] = package
-        parent, _, leaf = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], leaf, package)
+    register_packages(root, BYPASSED_PACKAGES)
     base = "liveavatar.models.wan.wan_2_2.modules."
     return {"vae2_1": importlib.import_module(base + "vae2_1"),
             "streaming": importlib.import_module(base + "vae_streaming")}

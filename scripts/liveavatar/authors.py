@@ -1,0 +1,35 @@
+"""What the golden scripts share: importing the authors' modules from a checkout without their package
+`__init__` files (which pull in pipelines the model parts do not use), and our synthetic weights by path (plain
+torch, so a GPU machine without the project's environment runs the oracle too)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def register_packages(root: Path, packages: Sequence[str]) -> None:
+    """Put `root` on sys.path and register each package as an empty module whose __path__ is its real folder."""
+    sys.path.insert(0, str(root))
+    for name in packages:
+        package = types.ModuleType(name)
+        package.__path__ = [str(root / name.replace(".", "/"))]
+        sys.modules[name] = package
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], leaf, package)
+
+
+def load_synthetic() -> types.ModuleType:
+    """`characters/families/liveavatar/synthetic.py`, loaded by path."""
+    path = ROOT / "characters" / "families" / "liveavatar" / "synthetic.py"
+    spec = importlib.util.spec_from_file_location("liveavatar_synthetic", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
