@@ -68,3 +68,29 @@ def test_snapshot_to_video_blocks(tmp_path: Path) -> None:
     blocks = list(pipe.frames(avatar, pcm))
     assert len(blocks) == 4 and all(b.shape == (12, 64, 128, 3) and b.dtype == np.uint8 for b in blocks)
     assert len({b.tobytes() for b in blocks}) == 4  # every block is made anew
+
+
+def test_clip_lipsync_score_follows_the_mouth() -> None:
+    """scripts/liveavatar/eval_clips.py's score: a real face whose mouth box darkens with the speech envelope
+    scores r ~ 1 at offset 0, the same face held still ~ 0, and a picture with no face says so."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from characters.audio import load_audio
+    from characters.media import detect_face, load_image
+    from characters.train.speech import frame_envelope
+    from scripts.liveavatar.eval_clips import mouth_box, score
+
+    root = Path(__file__).resolve().parents[2] / "characters" / "assets"
+    face = load_image(root / "sample_face.png", 352, 544)
+    pcm = load_audio(root / "sample_speech.wav")[: 16000 * 4]
+    env = frame_envelope(pcm, 100, fps=25)
+    level = (env - env.min()) / (env.max() - env.min())  # (100,) in [0, 1]
+    top, bot, left, right = mouth_box(detect_face(face), *face.shape[:2])
+    frames = np.repeat(face[None], 100, axis=0).astype(np.float32)
+    frames[:, top:bot, left:right] *= (1 - 0.6 * level)[:, None, None, None]
+    moving = score(frames.round().astype(np.uint8), pcm, 25)
+    assert moving["offset"] == 0 and moving["r"] > 0.9
+    still = score(np.repeat(face[None], 100, axis=0), pcm, 25)
+    assert abs(still["r"]) < 0.1
+    assert score(np.zeros((10, 64, 64, 3), np.uint8), pcm, 25) == {"error": "no face found in the first frame"}
