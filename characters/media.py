@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -108,6 +109,19 @@ class Framing:
         return f"face found at {self.face_box} (x, y, w, h): head kept whole, {how}"
 
 
+_LOCAL = threading.local()
+
+
+def _cascade() -> Any:
+    """This thread's face cascade, loaded once (its XML parse costs more than a detection)."""
+    import cv2
+
+    if not hasattr(_LOCAL, "cascade"):
+        path = Path(cv2.data.haarcascades) / FACE_CASCADE  # type: ignore[attr-defined]
+        _LOCAL.cascade = cv2.CascadeClassifier(str(path))
+    return _LOCAL.cascade
+
+
 def detect_face(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
     """The largest frontal face in `(H, W, 3)` uint8 RGB as (x, y, w, h) pixels, or None (OpenCV's Haar cascade)."""
     import cv2  # opencv-python-headless: the cascade ships in its wheel
@@ -117,7 +131,7 @@ def detect_face(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
     gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
     if scale < 1.0:
         gray = cv2.resize(gray, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
-    cascade = cv2.CascadeClassifier(str(Path(cv2.data.haarcascades) / FACE_CASCADE))  # type: ignore[attr-defined]
+    cascade = _cascade()
     side = max(24, min(gray.shape) // 8)
     faces = cascade.detectMultiScale(gray, scaleFactor=1.1, minNeighbors=5, minSize=(side, side))
     if len(faces) == 0:
