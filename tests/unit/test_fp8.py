@@ -224,7 +224,10 @@ def test_fp8_cross_attention_kept_whole_runs_a_ranks_rows_frame_by_frame() -> No
             mine = cross(shards.split(x), ctx)  # (B, m, D)
         lo, hi = min(rank * shards.rows, tokens), min((rank + 1) * shards.rows, tokens)
         assert mine.shape == (1, shards.rows, m.dit.dim) and len(shards.frame_segments(2)) == (2 if rank == 1 else 1)
-        torch.testing.assert_close(mine[:, :hi - lo], whole[:, lo:hi])
+        # the same math; a GEMM over a rank's rows sums in another order than over every row on some CPUs
+        # (oneDNN blocks by M: seen on an AMD EPYC, not on a Xeon), so float32's last bits may differ
+        err = ((mine[:, :hi - lo] - whole[:, lo:hi]).norm() / whole[:, lo:hi].norm()).item()
+        assert err < 1e-5, f"rank {rank}: relative error {err:.2e}"
 
 
 def test_fp8_kv_cache_is_half_the_memory() -> None:
