@@ -113,12 +113,11 @@ def run_speech(blocks: int) -> dict:
 
     from characters.families.liveavatar.speech import SpeechEncoder, StreamingSpeech
 
-    enc = SpeechEncoder.__new__(SpeechEncoder)
-    enc.extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, do_normalize=True)
     cfg = Wav2Vec2Config(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
                          do_stable_layer_norm=True, feat_extract_norm="layer")
-    enc.model = Wav2Vec2Model(cfg).to("cuda", torch.bfloat16).eval()
-    enc.device, enc.dtype = torch.device("cuda"), torch.bfloat16
+    parts = (Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, do_normalize=True),
+             Wav2Vec2Model(cfg).to("cuda", torch.bfloat16).eval())
+    enc = SpeechEncoder(None, "cuda", torch.bfloat16, parts=parts)
     stream = StreamingSpeech(enc, window_s=4.0)
     rng = np.random.default_rng(0)
     times = []

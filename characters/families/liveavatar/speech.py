@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,9 +46,14 @@ def frame_indices(frames: int) -> np.ndarray:
 class SpeechEncoder:
     """wav2vec2 hidden states at 30 Hz for a waveform (normalised over what it is given)."""
 
-    def __init__(self, model_dir: Path | str, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
-        self.extractor, self.model = _load(model_dir, device, dtype)
+    def __init__(self, model_dir: Path | str | None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, *, parts: tuple[Any, Any] | None = None) -> None:
+        """From a wav2vec2 folder as the hub serves it, or from a (feature extractor, model) pair (`parts`)."""
+        if parts is None:
+            if model_dir is None:
+                raise ValueError("SpeechEncoder needs a wav2vec2 folder or parts=(extractor, model)")
+            parts = _load(model_dir, device, dtype)
+        self.extractor, self.model = parts
         self.device, self.dtype = device, dtype
 
     @torch.no_grad()
