@@ -33,3 +33,24 @@ def load_synthetic() -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def provenance(authors: Path, stated_commit: str, **versions: str) -> dict[str, str]:
+    """Where golden tensors come from: the authors' commit (read from git, else the one stated), the exact
+    command, the date, and the versions of what ran them."""
+    import os
+    import platform
+    import shlex
+    import subprocess
+    import time
+
+    try:
+        commit = subprocess.run(["git", "-C", str(authors), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = f"{stated_commit} (stated; {authors} is not a git checkout)"
+    env = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else ""
+    return {"authors": "Alibaba-Quark/LiveAvatar", "authors_commit": commit,
+            "command": env + shlex.join([os.path.relpath(sys.executable), *sys.argv]),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **versions,
+            "python": platform.python_version(), "machine": platform.machine()}

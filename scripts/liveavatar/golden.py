@@ -46,10 +46,7 @@ import importlib
 import json
 import math
 import os
-import platform
 import random
-import shlex
-import subprocess
 import sys
 import time
 import types
@@ -63,7 +60,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors import load_synthetic, register_packages
+from authors import load_synthetic, provenance, register_packages
 
 synthetic_state_dict = load_synthetic().synthetic_state_dict
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
@@ -671,23 +668,10 @@ def main(argv: list[str] | None = None) -> None:
         "WanS2V.generate's DiT loop replicated in golden.run_loop (causal_s2v_pipeline.py L919-1090)",
         *(["random.seed(py_seed) before the loop; random.randint wrapped to record draws"] if not args.time else []),
     ]
-    try:
-        commit = subprocess.run(["git", "-C", str(args.authors), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = f"{AUTHORS_COMMIT} (stated; {args.authors} is not a git checkout)"
     import diffusers
 
     manifest: dict[str, Any] = {
-        "authors": "Alibaba-Quark/LiveAvatar",
-        "authors_commit": commit,
-        "command": (f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else "")
-        + shlex.join([os.path.relpath(sys.executable), *sys.argv]),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        **provenance(args.authors, AUTHORS_COMMIT, torch=torch.__version__, diffusers=diffusers.__version__),
         "ignored_transformer_config_keys": ignored_config_keys(mods),
     }
     if not args.skip_keys:

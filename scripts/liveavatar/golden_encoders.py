@@ -50,13 +50,8 @@ import contextlib
 import functools
 import importlib
 import json
-import os
-import platform
 import re
-import shlex
-import subprocess
 import sys
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,7 +62,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors import register_packages
+from authors import provenance, register_packages
 
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
 BYPASSED_PACKAGES = (
@@ -342,24 +337,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     mods = import_authors(args.authors.resolve())
-    try:
-        commit = subprocess.run(["git", "-C", str(args.authors), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = f"{AUTHORS_COMMIT} (stated; {args.authors} is not a git checkout)"
     import transformers
 
-    common: dict[str, Any] = {
-        "authors": "Alibaba-Quark/LiveAvatar",
-        "authors_commit": commit,
-        "command": (f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else "")
-        + shlex.join([os.path.relpath(sys.executable), *sys.argv]),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-    }
+    common: dict[str, Any] = provenance(args.authors, AUTHORS_COMMIT, torch=torch.__version__,
+                                        transformers=transformers.__version__)
     for name, make in (("text", make_text), ("audio", make_audio)):
         manifest, tensors = make(mods, args)
         save_file(tensors, str(args.out / f"golden_{name}.safetensors"))

@@ -33,9 +33,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +44,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors import load_synthetic, register_packages
+from authors import load_synthetic, provenance, register_packages
 
 AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
 BYPASSED_PACKAGES = ("liveavatar", "liveavatar.models", "liveavatar.models.wan", "liveavatar.models.wan.wan_2_2",
@@ -166,22 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     started = time.perf_counter()
     mods = import_authors(args.authors.resolve())
-    try:
-        commit = subprocess.run(["git", "-C", str(args.authors), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = f"{AUTHORS_COMMIT} (stated; {args.authors} is not a git checkout)"
     tensors, info = run(mods, args)
     save_file(tensors, str(args.out / "golden_vae.safetensors"))
     manifest = {
-        "authors": "Alibaba-Quark/LiveAvatar",
-        "authors_commit": commit,
+        **provenance(args.authors, AUTHORS_COMMIT, torch=torch.__version__),
         "authors_files": ["liveavatar/models/wan/wan_2_2/modules/vae2_1.py",
                           "liveavatar/models/wan/wan_2_2/modules/vae_streaming.py"],
-        "command": (f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else "")
-        + shlex.join([os.path.relpath(sys.executable), *sys.argv]),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
         "dtype": "float32", "device": "cpu",
         "config": {"dim": args.dim, "z_dim": Z_DIM, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
                    "temperal_downsample": [False, True, True], "height": args.height, "width": args.width},
