@@ -60,19 +60,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors import load_synthetic, provenance, register_packages
+from authors import AUTHORS_COMMIT, BYPASSED_PACKAGES, load_synthetic, provenance, register_packages
 
 synthetic_state_dict = load_synthetic().synthetic_state_dict
-AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
-BYPASSED_PACKAGES = (
-    "liveavatar",
-    "liveavatar.models",
-    "liveavatar.models.wan",
-    "liveavatar.models.wan.wan_2_2",
-    "liveavatar.models.wan.wan_2_2.modules",
-    "liveavatar.models.wan.wan_2_2.modules.s2v",
-    "liveavatar.utils",
-)
 # Constructor keys of CausalWanModel_S2V that wan_s2v_14B_modified.py's `transformer` dict sets.
 FP8_IGNORE_KEYS = [  # minimal_inference/s2v_streaming_interact.py L473-477
     "text_embedding",
@@ -94,7 +84,7 @@ NUM_DIT_CACHES = 4  # causal_s2v_pipeline.py L965: one KV cache per denoising st
 def import_authors(root: Path, device: torch.device, compile_model: bool) -> dict[str, types.ModuleType]:
     """Their DiT modules, imported from ``root`` without running the pipelines' package ``__init__`` files."""
     os.environ["ENABLE_COMPILE"] = "true" if compile_model else "false"
-    register_packages(root, BYPASSED_PACKAGES)
+    register_packages(root)
     names = {
         "causal": "liveavatar.models.wan.causal_model_s2v",
         "attention": "liveavatar.models.wan.wan_2_2.modules.attention",

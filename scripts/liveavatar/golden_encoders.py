@@ -62,17 +62,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors import provenance, register_packages
+from authors import AUTHORS_COMMIT, BYPASSED_PACKAGES, provenance, register_packages
 
-AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
-BYPASSED_PACKAGES = (
-    "liveavatar",
-    "liveavatar.models",
-    "liveavatar.models.wan",
-    "liveavatar.models.wan.wan_2_2",
-    "liveavatar.models.wan.wan_2_2.modules",
-    "liveavatar.models.wan.wan_2_2.modules.s2v",
-)
 T5_CHECKPOINT = "models_t5_umt5-xxl-enc-bf16.pth"  # wan_s2v_14B_modified.py: s2v_14B.t5_checkpoint
 T5_TOKENIZER = "google/umt5-xxl"  # s2v_14B.t5_tokenizer
 TEXT_LEN = 512  # shared_config.py: text_len
@@ -128,7 +119,7 @@ def cuda_device_is_cpu() -> Iterator[None]:
 
 def import_authors(root: Path) -> dict[str, types.ModuleType]:
     """Their t5.py and audio_encoder.py, imported from ``root`` without the packages' ``__init__`` files."""
-    register_packages(root, BYPASSED_PACKAGES)
+    register_packages(root)
     import transformers  # noqa: F401 (before the stub: transformers probes librosa's import spec at import)
 
     sys.modules["librosa"] = _Librosa()

@@ -44,11 +44,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors import load_synthetic, provenance, register_packages
+from authors import AUTHORS_COMMIT, BYPASSED_PACKAGES, load_synthetic, provenance, register_packages
 
-AUTHORS_COMMIT = "9c2c38de1715e553127b42c82cb959f756b02595"
-BYPASSED_PACKAGES = ("liveavatar", "liveavatar.models", "liveavatar.models.wan", "liveavatar.models.wan.wan_2_2",
-                     "liveavatar.models.wan.wan_2_2.modules")
 Z_DIM = 16
 REFERENCE_REPEAT = 5  # causal_s2v_pipeline.py L891
 MOTION_FRAMES = 73  # wan_s2v_14B_modified.py transformer.motion_frames
@@ -62,7 +59,7 @@ synthetic_state_dict = load_synthetic().synthetic_state_dict
 def import_authors(root: Path) -> dict[str, types.ModuleType]:
     """Their two VAE modules, without their package ``__init__`` files."""
     os.environ["ENABLE_COMPILE"] = "false"
-    register_packages(root, BYPASSED_PACKAGES)
+    register_packages(root)
     base = "liveavatar.models.wan.wan_2_2.modules."
     return {"vae2_1": importlib.import_module(base + "vae2_1"),
             "streaming": importlib.import_module(base + "vae_streaming")}
